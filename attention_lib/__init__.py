@@ -1,0 +1,20 @@
+"""Attention from Scratch: the finished code of the book.
+
+Each chapter of the book builds one piece of this package step by step in plain
+PyTorch, then imports the finished piece from here and checks that it gives the
+same numbers. Every public function names, in its docstring, the chapter that
+explains it.
+"""
+
+__version__ = "0.1.0"
+
+__all__: list[str] = []
+
+# --- core: masks, scaled dot-product attention, multi-head attention (chapters 2-6)
+# (section owned by the core module; imports added when those modules land)
+
+# --- visualisation: heatmaps and slider explorers (used by every chapter)
+
+# --- efficient attention: online softmax and tiled attention (chapter 8)
+
+# --- a small Transformer encoder and a toy task (chapter 7)

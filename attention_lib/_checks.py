@@ -1,0 +1,84 @@
+"""Input validation shared by every public attention function.
+
+Each check raises ``TypeError`` or ``ValueError`` with a message that names the
+argument, what was expected and what was given, so that bad input never reaches
+an opaque matmul error (or, worse, a silent wrong answer).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _describe(t: Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def check_tensor(name: str, t: object, *, min_dim: int = 2) -> Tensor:
+    """Check that ``t`` is a floating tensor with at least ``min_dim`` dims."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (float16, bfloat16, float32 or "
+            f"float64), got dtype {t.dtype}"
+        )
+    if t.dim() < min_dim:
+        raise ValueError(
+            f"{name} must have at least {min_dim} dims (..., L, d), got {_describe(t)}"
+        )
+    return t
+
+
+def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Validate query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, value ``(..., Lk, d_v)``.
+
+    Checks type, dtype, device, the shared ``d_k``, the shared ``Lk`` and that
+    the leading (batch/head) dimensions broadcast.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, t)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            "query, key and value must share one dtype, got "
+            f"{query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            "query, key and value must be on the same device, got "
+            f"{query.device}, {key.device} and {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            "query and key must have the same last dim d_k: expected key (..., Lk, "
+            f"{query.shape[-1]}) to match query {tuple(query.shape)}, got key "
+            f"{tuple(key.shape)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            "key and value must have the same length Lk (dim -2): got key "
+            f"{tuple(key.shape)} and value {tuple(value.shape)}"
+        )
+    try:
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            "the leading (batch/head) dims of query, key and value must broadcast, "
+            f"got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+            f"{tuple(value.shape)}"
+        ) from None
+
+
+def check_dropout_p(dropout_p: float) -> None:
+    """``dropout_p`` must be a number in [0, 1)."""
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+
+
+def check_scale(scale: float | None) -> None:
+    """``scale`` must be ``None`` or a finite positive number."""
+    if scale is None:
+        return
+    if not isinstance(scale, (int, float)) or not (0.0 < float(scale) < float("inf")):
+        raise ValueError(f"scale must be None or a finite number > 0, got {scale!r}")
