@@ -1,0 +1,50 @@
+# Attention from Scratch: the two commands of the README are `make book` and `make test`.
+# Both create (or reuse) the virtual environment .venv in the repository.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+JB_FLAGS := -W -n --keep-going --builder html
+NBVAL  := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+.PHONY: book test unit nbval build-strict browser lab execute clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+## make book: build the HTML book into _build/html
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
+	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
+
+## make test: unit tests, nbval over every notebook, the strict book build, browser tests
+test: unit nbval build-strict browser
+	@echo "All tests passed."
+
+unit: $(STAMP)
+	$(PY) -m pytest tests --ignore=tests/browser -p no:cacheprovider -q
+
+nbval: $(STAMP)
+	$(PY) -m pytest book $(NBVAL) -q
+
+build-strict: $(STAMP)
+	rm -rf _build/html _build/.doctrees
+	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
+
+browser: $(STAMP)
+	$(PY) -m pytest tests/browser -p no:cacheprovider -q
+
+## make lab: open the notebooks in JupyterLab with the repository's environment
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab book/
+
+## make execute [NB=book/03_softmax.ipynb]: re-execute notebooks so stored outputs match the code
+execute: $(STAMP)
+	$(PY) tools/execute_notebooks.py $(NB)
+
+clean:
+	rm -rf _build
