@@ -11,7 +11,16 @@ __version__ = "0.1.0"
 __all__: list[str] = []
 
 # --- core: masks, scaled dot-product attention, multi-head attention (chapters 2-6)
-# (section owned by the core module; imports added when those modules land)
+from .masks import as_keep_mask, causal_mask, masked_softmax, padding_mask  # noqa: E402
+from .sdpa import scaled_dot_product_attention  # noqa: E402
+
+__all__ += [
+    "causal_mask",
+    "padding_mask",
+    "as_keep_mask",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+]
 
 # --- visualisation: heatmaps and slider explorers (used by every chapter)
 

@@ -82,3 +82,55 @@ def check_scale(scale: float | None) -> None:
         return
     if not isinstance(scale, (int, float)) or not (0.0 < float(scale) < float("inf")):
         raise ValueError(f"scale must be None or a finite number > 0, got {scale!r}")
+
+
+def check_mask(
+    mask: object,
+    target_shape: tuple[int, ...] | torch.Size,
+    *,
+    device: torch.device | None = None,
+    name: str = "mask",
+) -> Tensor:
+    """Check a keep-mask: bool, or integer/float holding only 0 and 1.
+
+    It must broadcast to ``target_shape`` (the ``(..., Lq, Lk)`` shape of the
+    attention scores) without enlarging it, and live on ``device``.
+    """
+    target_shape = tuple(target_shape)
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor (bool keep-mask) or None, got {type(mask).__name__}"
+        )
+    if mask.is_complex():
+        raise TypeError(
+            f"{name} must be a bool keep-mask or a 0/1 integer/float mask, got dtype {mask.dtype}"
+        )
+    if device is not None and mask.device != device:
+        raise ValueError(
+            f"{name} must be on the same device as query/key/value ({device}), "
+            f"got {name} on {mask.device}"
+        )
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, target_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != target_shape:
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to the attention "
+            f"scores shape (..., Lq, Lk) = {target_shape}"
+        )
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(
+            f"{name} is a keep-mask: expected bool (True = may attend) or 0/1 values "
+            f"(0 = masked), got dtype {mask.dtype} with values other than 0 and 1. "
+            "Note that F.scaled_dot_product_attention reads a float mask as an additive "
+            "bias (0 = keep, -inf = block); convert such a bias with `bias == 0`."
+        )
+    return mask
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` must be a Python bool (e.g. ``is_causal``, ``need_weights``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value

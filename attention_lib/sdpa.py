@@ -1,0 +1,118 @@
+"""Scaled dot-product attention, written out step by step.
+
+``softmax(Q K^T * scale) V`` with a keep-mask, causal masking and dropout, the
+same computation as ``F.scaled_dot_product_attention`` but also returning the
+attention weights.
+
+Explained in chapter 4, *The weighted sum* (scores and scaling: chapter 2,
+softmax: chapter 3, masks: chapter 5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import check_bool, check_dropout_p, check_qkv, check_scale
+from .masks import as_keep_mask, masked_softmax
+
+__all__ = ["scaled_dot_product_attention"]
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""Scaled dot-product attention that also returns the attention weights.
+
+    .. math::
+
+        \mathrm{weights} = \mathrm{softmax}\!\left(Q K^\top \cdot \mathrm{scale}\right),
+        \qquad \mathrm{output} = \mathrm{weights}\, V
+
+    Explained in chapter 4, *The weighted sum*; the scores and the scale in
+    chapter 2, *Scores and scaling*; the softmax in chapter 3, *Softmax*; the
+    masks in chapter 5, *Masking*.
+
+    **Mask semantics.** ``mask`` is a *keep-mask*: a bool ``True`` means "this
+    query may attend to this key" (the bool convention of
+    ``F.scaled_dot_product_attention``); a 0/1 integer or float mask is read the
+    same way, ``0`` = masked. This differs from PyTorch in two places:
+    ``F.scaled_dot_product_attention`` reads a **float** ``attn_mask`` as an
+    **additive bias** added to the scores (so a 0/1 float mask would mask
+    nothing there), and ``nn.MultiheadAttention`` reads a **bool** mask the other
+    way round (``True`` = blocked). A float mask with values other than 0 and 1
+    is rejected rather than silently misread.
+
+    A query row whose keys are all masked gets all-zero weights and a zero
+    output, never ``NaN`` (as ``F.scaled_dot_product_attention`` in torch >= 2.5).
+
+    Args:
+        query: ``(..., Lq, d_k)`` floating tensor.
+        key: ``(..., Lk, d_k)`` tensor with the dtype and device of ``query``.
+        value: ``(..., Lk, d_v)`` tensor with the dtype and device of ``query``.
+        mask: optional keep-mask broadcastable to ``(..., Lq, Lk)``: bool
+            (``True`` = may attend) or 0/1 integer/float (``0`` = masked).
+        dropout_p: probability of zeroing a weight (dropout on the weights,
+            rescaled by ``1 / (1 - dropout_p)``); applied only if ``> 0``.
+        is_causal: if ``True``, query ``i`` may attend only to keys ``0 .. i``,
+            aligned as in ``F.scaled_dot_product_attention(is_causal=True)`` (see
+            :func:`~attention_lib.causal_mask`), also for ``Lq != Lk``. Combined
+            with ``mask`` (a pair must be kept by both).
+        scale: multiplier of the scores; defaults to ``1 / sqrt(d_k)``.
+
+    Returns:
+        ``(output, weights)``: ``output`` of shape ``(..., Lq, d_v)`` and
+        ``weights`` of shape ``(..., Lq, Lk)``, the weights that multiplied
+        ``value`` (after dropout, if any; without dropout each row sums to 1, or
+        to 0 where every key is masked). The leading dims ``...`` are those of
+        ``query``, ``key`` and ``value`` broadcast together.
+
+    Raises:
+        TypeError: if ``query``/``key``/``value`` are not floating tensors of
+            one dtype, or ``mask`` has an unsupported type or dtype.
+        ValueError: on a ``d_k`` mismatch between query and key, an ``Lk``
+            mismatch between key and value, leading dims or a mask that do not
+            broadcast, a numeric mask that is not 0/1, tensors on different
+            devices, ``dropout_p`` outside ``[0, 1)`` or a non-positive ``scale``.
+
+    Shapes:
+        - query: ``(..., Lq, d_k)``
+        - key: ``(..., Lk, d_k)``
+        - value: ``(..., Lk, d_v)``
+        - mask: broadcastable to ``(..., Lq, Lk)``
+        - output: ``(..., Lq, d_v)``
+        - weights: ``(..., Lq, Lk)``
+    """
+    check_qkv(query, key, value)
+    check_dropout_p(dropout_p)
+    check_scale(scale)
+    check_bool("is_causal", is_causal)
+    q_len, k_len, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
+    batch_shape = _batch_shape(query, key, value)
+    keep = as_keep_mask(
+        mask, q_len, k_len, is_causal=is_causal, batch_shape=batch_shape, device=query.device
+    )
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+
+    scores = query @ key.transpose(-2, -1) * scale  # (..., Lq, Lk)
+    weights = masked_softmax(scores, keep, dim=-1)  # (..., Lq, Lk)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    output = weights @ value  # (..., Lq, d_v)
+    return output, weights
+
+
+def _batch_shape(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
+    """The broadcast leading (batch/head) dims of ``query``, ``key`` and ``value``."""
+    return tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
