@@ -1,0 +1,389 @@
+"""Slider explorers that work in every reading mode of the book.
+
+``explore(name, values, draw)`` turns a function that draws a matplotlib figure
+for one parameter value into a slider. The returned :class:`SliderExplorer`
+displays as ONE output whose MIME bundle carries two forms of the same slider:
+
+- ``application/vnd.jupyter.widget-view+json``: a live ipywidgets view (a slider
+  per parameter, a ``name = value`` label and an ``ipywidgets.Image``). Where a
+  kernel runs (JupyterLab, Binder, Colab) the front end prefers this form, and
+  every slider move calls ``draw`` again and replaces the image's PNG bytes.
+- ``text/html``: a kernel-free slider. Every frame is pre-rendered to an inline
+  base64 PNG; an ``<input type="range">`` per parameter and a few lines of inline
+  JavaScript show one frame at a time and update the ``name = value`` label. No
+  CDN, no external URL, no random ids: the same input gives the same HTML. The
+  built HTML book is configured (myst-nb ``nb_mime_priority_overrides``) to drop
+  the widget view, so it renders this form.
+- ``text/plain``: a short deterministic summary.
+
+Why not ``ipywidgets.interact``? Its Output widget shows nothing without a kernel
+(so the built book would show a blank), its JavaScript comes from a CDN, and
+nbval cannot replay Output-widget messages.
+
+All frames are rendered when the explorer is *created*, not when it is
+displayed: errors in ``draw`` and an exceeded frame budget then raise in the
+notebook cell, instead of being printed (and swallowed) by IPython's display
+formatter.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
+    import ipywidgets
+    from matplotlib.figure import Figure
+
+__all__ = ["explore", "SliderExplorer", "WIDGET_VIEW_MIME"]
+
+#: MIME type of an ipywidgets view; the HTML book build gives it priority ``null``.
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+#: Default resolution of the frames: small PNGs, fast live redraws.
+DEFAULT_DPI = 72
+
+# The kernel-free slider's only script: an inline ``oninput`` handler that finds
+# its own explorer by relative DOM navigation (so several explorers on one page
+# never interfere), turns the slider positions into a frame index (row-major over
+# the parameters, like the frame list) and shows that frame and its label.
+_ONINPUT_JS = (
+    "var r=this.closest('.afs-explorer'),i=0;"
+    "r.querySelectorAll('input.afs-slider').forEach(function(s){i=i*(+s.max+1)+(+s.value);});"
+    "r.querySelectorAll('img.afs-frame').forEach(function(f){var on=+f.dataset.index===i;"
+    "f.style.display=on?'':'none';"
+    "if(on){r.querySelector('.afs-label').textContent=f.dataset.label;}});"
+)
+assert '"' not in _ONINPUT_JS and "&" not in _ONINPUT_JS and "<" not in _ONINPUT_JS
+
+
+def _format_value(value: Any) -> str:
+    """Short, deterministic text for a parameter value (the slider label)."""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return f"{float(value):.6g}"
+    return str(value)
+
+
+def _normalise_values(values: Any, arg: str, name: str) -> list[Any]:
+    """A non-empty list of distinct values; 0-d tensors/arrays become Python scalars."""
+    if isinstance(values, (str, bytes)) or not (
+        isinstance(values, Sequence) or hasattr(values, "tolist")
+    ):
+        raise TypeError(
+            f"{arg} must be a sequence of values for {name!r} (list, tuple, range, "
+            f"1-D array or tensor), got {type(values).__name__}"
+        )
+    if hasattr(values, "tolist") and not isinstance(values, Sequence):
+        if getattr(values, "ndim", 1) != 1:
+            raise ValueError(
+                f"{arg} must be 1-D, got shape {tuple(getattr(values, 'shape', ()))}"
+            )
+        items = list(values.tolist())
+    else:
+        items = [v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v
+                 for v in values]
+    if not items:
+        raise ValueError(f"{arg} must contain at least one value for {name!r}, got none")
+    labels = [_format_value(v) for v in items]
+    if len(set(labels)) != len(labels):
+        dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
+        raise ValueError(
+            f"{arg} must be distinct values for {name!r}; these appear more than once "
+            f"(as shown on the slider): {dupes}"
+        )
+    return items
+
+
+def _check_name(name: Any, arg: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"{arg} must be a non-empty str (the parameter's name), got {name!r}")
+    return name
+
+
+def _as_figure(obj: Any, call: str) -> Figure:
+    """Accept a Figure (or an Axes, whose figure is used) returned by ``draw``."""
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    if isinstance(obj, Axes):
+        try:
+            obj = obj.get_figure(root=True)  # matplotlib >= 3.10 (never a SubFigure)
+        except TypeError:
+            obj = obj.get_figure()
+    if not isinstance(obj, Figure):
+        raise TypeError(
+            f"draw must return a matplotlib Figure (or Axes); {call} returned "
+            f"{type(obj).__name__}"
+        )
+    return obj
+
+
+def figure_to_png(fig: Figure, dpi: float = DEFAULT_DPI) -> bytes:
+    """Render ``fig`` to PNG bytes and close it (so the inline backend won't show it).
+
+    Explained in chapter 1, *Queries, keys and values*.
+
+    The PNG carries no metadata (no software version), so the bytes depend only
+    on the figure, the dpi and the local rendering libraries.
+    """
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+class SliderExplorer:
+    """A slider over one or two parameters that redraws a matplotlib figure.
+
+    Explained in chapter 1, *Queries, keys and values*. Create it with
+    :func:`explore`; see the module docstring for the display forms.
+
+    Attributes:
+        names: the parameter names, ``(name,)`` or ``(name, name2)``.
+        values: the parameter values, one list per parameter.
+        frame_labels: ``"name = value"`` (``"name = v1, name2 = v2"``) per frame,
+            row-major: frame ``i1 * len(values2) + i2``.
+        frames: the pre-rendered PNG bytes, in the same order.
+        redraw_count: live redraws done so far (slider moves).
+        last_redraw_seconds: wall time of the last live redraw (draw + PNG).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        values: Sequence[Any],
+        draw: Callable[..., Any],
+        *,
+        name2: str | None = None,
+        values2: Sequence[Any] | None = None,
+        max_frames: int = 64,
+        max_html_bytes: int = 1_000_000,
+        dpi: float = DEFAULT_DPI,
+    ) -> None:
+        names = [_check_name(name, "name")]
+        all_values = [_normalise_values(values, "values", name)]
+        if (name2 is None) != (values2 is None):
+            raise ValueError(
+                "name2 and values2 go together: give both for a second slider or "
+                f"neither, got name2={name2!r} and values2={'None' if values2 is None else '...'}"
+            )
+        if name2 is not None:
+            names.append(_check_name(name2, "name2"))
+            if name2 == name:
+                raise ValueError(f"name2 must differ from name, both are {name!r}")
+            all_values.append(_normalise_values(values2, "values2", name2))
+        if not callable(draw):
+            raise TypeError(f"draw must be callable, got {type(draw).__name__}")
+        for arg, limit in (("max_frames", max_frames), ("max_html_bytes", max_html_bytes)):
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"{arg} must be an int >= 1, got {limit!r}")
+        if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 10 <= dpi <= 300:
+            raise ValueError(f"dpi must be a number in [10, 300], got {dpi!r}")
+
+        self.names: tuple[str, ...] = tuple(names)
+        self.values: tuple[list[Any], ...] = tuple(all_values)
+        self.draw = draw
+        self.dpi = dpi
+        self.max_frames = max_frames
+        self.max_html_bytes = max_html_bytes
+        self._shape = tuple(len(v) for v in all_values)
+        n_frames = 1
+        for n in self._shape:
+            n_frames *= n
+        if n_frames > max_frames:
+            counts = " x ".join(f"{n} values of {nm!r}" for n, nm in zip(self._shape, names))
+            raise ValueError(
+                f"explore: {n_frames} frames requested ({counts}) exceed the frame budget "
+                f"max_frames={max_frames}; use fewer values or raise max_frames (every "
+                "frame is a PNG inside the page)"
+            )
+
+        self.frame_labels: list[str] = [self._label(idx) for idx in self._indices()]
+        self.frames: list[bytes] = [self._render(idx) for idx in self._indices()]
+        self._html = self._build_html()
+        size = len(self._html.encode("utf-8"))
+        if size > max_html_bytes:
+            raise ValueError(
+                f"explore: the kernel-free slider would be {size:,} bytes of HTML for "
+                f"{n_frames} frames, over the budget max_html_bytes={max_html_bytes:,}; "
+                "use fewer values, a smaller figure or a lower dpi (now "
+                f"{dpi}), or raise max_html_bytes"
+            )
+        self.redraw_count = 0
+        self.last_redraw_seconds: float | None = None
+        self._widget: ipywidgets.VBox | None = None
+
+    # ------------------------------------------------------------------ frames
+    def _indices(self) -> list[tuple[int, ...]]:
+        if len(self._shape) == 1:
+            return [(i,) for i in range(self._shape[0])]
+        return [(i, j) for i in range(self._shape[0]) for j in range(self._shape[1])]
+
+    def _frame_index(self, idx: tuple[int, ...]) -> int:
+        flat = 0
+        for i, n in zip(idx, self._shape):
+            flat = flat * n + i
+        return flat
+
+    def _label(self, idx: tuple[int, ...]) -> str:
+        return ", ".join(
+            f"{nm} = {_format_value(vals[i])}" for nm, vals, i in zip(self.names, self.values, idx)
+        )
+
+    def _render(self, idx: tuple[int, ...]) -> bytes:
+        args = tuple(vals[i] for vals, i in zip(self.values, idx))
+        call = f"draw({', '.join(repr(a) for a in args)})"
+        return figure_to_png(_as_figure(self.draw(*args), call), self.dpi)
+
+    # --------------------------------------------------------- kernel-free HTML
+    def _build_html(self) -> str:
+        esc = html.escape
+        controls = []
+        for nm, n in zip(self.names, self._shape):
+            controls.append(
+                '<label class="afs-control" style="display:inline-flex;align-items:center;'
+                f'gap:0.5em;margin-right:1.5em"><span class="afs-name">{esc(nm)}</span>'
+                f'<input type="range" class="afs-slider" data-param="{esc(nm)}" min="0" '
+                f'max="{n - 1}" step="1" value="0" aria-label="{esc(nm)}" '
+                f'oninput="{_ONINPUT_JS}"></label>'
+            )
+        frames = []
+        for k, (label, png) in enumerate(zip(self.frame_labels, self.frames)):
+            hidden = "" if k == 0 else "display:none;"
+            b64 = base64.b64encode(png).decode("ascii")
+            frames.append(
+                f'<img class="afs-frame" data-index="{k}" data-label="{esc(label)}" '
+                f'alt="{esc(label)}" style="{hidden}max-width:100%;height:auto" '
+                f'src="data:image/png;base64,{b64}">'
+            )
+        return (
+            f'<div class="afs-explorer" data-frames="{len(self.frames)}" style="margin:0.5em 0">\n'
+            f'<div class="afs-controls">{"".join(controls)}</div>\n'
+            '<div class="afs-label" aria-live="polite" style="font-family:monospace;'
+            f'margin:0.3em 0">{esc(self.frame_labels[0])}</div>\n'
+            '<div class="afs-frames">\n' + "\n".join(frames) + "\n</div>\n</div>"
+        )
+
+    def to_html(self) -> str:
+        """The kernel-free slider: self-contained, deterministic HTML."""
+        return self._html
+
+    # ------------------------------------------------------------- live widget
+    @property
+    def widget(self) -> ipywidgets.VBox:
+        """The live ipywidgets view (created on first use, then reused)."""
+        if self._widget is None:
+            self._widget = self._build_widget()
+        return self._widget
+
+    def _build_widget(self) -> ipywidgets.VBox:
+        import ipywidgets as w
+
+        self._sliders = [
+            w.SelectionSlider(
+                options=[(_format_value(v), i) for i, v in enumerate(vals)],
+                value=0,
+                description=nm,
+                readout=False,
+                continuous_update=True,
+                style={"description_width": "initial"},
+                layout=w.Layout(width="420px"),
+            )
+            for nm, vals in zip(self.names, self.values)
+        ]
+        self._label_widget = w.Label(value=self.frame_labels[0])
+        self._image = w.Image(value=self.frames[0], format="png")
+        for slider in self._sliders:
+            slider.observe(self._on_slider, names="value")
+        box = w.VBox([*self._sliders, self._label_widget, self._image])
+        box.add_class("afs-explorer-live")
+        return box
+
+    def _on_slider(self, change: dict[str, Any] | None = None) -> None:
+        """Redraw for the sliders' current values (called on every slider move)."""
+        idx = tuple(int(s.value) for s in self._sliders)
+        label = self._label(idx)
+        start = time.perf_counter()
+        try:
+            png = self._render(idx)
+        except Exception as exc:
+            # Shown in the widget: an exception in a widget callback would
+            # otherwise only reach the kernel log.
+            self._label_widget.value = f"{label}: draw failed: {type(exc).__name__}: {exc}"
+            raise
+        self._image.value = png
+        self._label_widget.value = label
+        self.last_redraw_seconds = time.perf_counter() - start
+        self.redraw_count += 1
+
+    # ----------------------------------------------------------------- display
+    def __repr__(self) -> str:
+        if len(self._shape) == 1:
+            return f"SliderExplorer({self.names[0]}: {self._shape[0]} frames)"
+        n1, n2 = self._shape
+        return f"SliderExplorer({self.names[0]} x {self.names[1]}: {n1} x {n2} = {n1 * n2} frames)"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        view = self.widget._repr_mimebundle_()[WIDGET_VIEW_MIME]
+        return {WIDGET_VIEW_MIME: view, "text/html": self._html, "text/plain": repr(self)}
+
+
+def explore(
+    name: str,
+    values: Sequence[Any],
+    draw: Callable[..., Any],
+    *,
+    name2: str | None = None,
+    values2: Sequence[Any] | None = None,
+    max_frames: int = 64,
+    max_html_bytes: int = 1_000_000,
+    dpi: float = DEFAULT_DPI,
+) -> SliderExplorer:
+    """Make a slider that redraws a figure, live with a kernel and kernel-free in HTML.
+
+    Explained in chapter 1, *Queries, keys and values*; used by every later chapter.
+
+    Example::
+
+        explore("temperature", [0.25, 0.5, 1, 2, 4],
+                lambda t: attention_heatmap(torch.softmax(scores / t, -1)))
+
+    Args:
+        name: the parameter's name, shown as ``"name = value"``.
+        values: the slider's values, in order (list, tuple, range, 1-D array or
+            tensor; 0-d tensor items become Python numbers). Must be distinct.
+        draw: ``draw(value)``, or ``draw(value, value2)`` with a second parameter,
+            returns a matplotlib ``Figure`` (an ``Axes`` is accepted too, its
+            figure is used). The explorer renders it to PNG and closes it.
+        name2: name of an optional second parameter.
+        values2: values of the second parameter (give both or neither).
+        max_frames: frame budget: ``len(values) * len(values2)`` may not exceed it.
+        max_html_bytes: size budget of the kernel-free HTML (all frames inline).
+        dpi: resolution of every frame (live and pre-rendered).
+
+    Returns:
+        A :class:`SliderExplorer`; display it (last expression of a cell).
+
+    Raises:
+        TypeError: a name is not a non-empty str, values are not a sequence,
+            ``draw`` is not callable or does not return a Figure/Axes.
+        ValueError: empty or repeated values, only one of ``name2``/``values2``,
+            more frames than ``max_frames``, HTML larger than ``max_html_bytes``,
+            or a bad ``dpi``.
+    """
+    return SliderExplorer(
+        name, values, draw, name2=name2, values2=values2,
+        max_frames=max_frames, max_html_bytes=max_html_bytes, dpi=dpi,
+    )

@@ -1,0 +1,375 @@
+"""Heatmaps of attention weights: one matrix, or a grid of heads (and layers).
+
+Queries are rows and keys are columns, as in the weight matrix itself: row ``i``
+shows how query ``i`` spreads its attention over the keys, and every row of a
+softmax output sums to 1. The colour scale is fixed to ``0..1`` by default, so
+that two heatmaps (or two frames of a slider) can be compared by eye.
+
+Weights may be tensors that require grad or live on another device; they are
+detached and copied to the CPU as float32 before plotting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+
+__all__ = ["attention_heatmap", "attention_grid"]
+
+#: Matrices up to this size (in both dimensions) get value annotations by default.
+ANNOTATE_MAX_SIDE = 8
+#: Tolerance for weights that overshoot ``[vmin, vmax]`` by float rounding.
+_RANGE_TOL = 1e-4
+
+
+def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) -> np.ndarray:
+    """Detach, move to the CPU and convert to a float32 numpy array of an allowed rank."""
+    if isinstance(weights, Tensor):
+        t = weights.detach()
+    elif isinstance(weights, np.ndarray):
+        t = torch.from_numpy(weights)
+    else:
+        raise TypeError(
+            f"{name} must be a torch.Tensor or numpy.ndarray of shape {shape_doc}, "
+            f"got {type(weights).__name__}"
+        )
+    if t.is_complex():
+        raise TypeError(f"{name} must be real-valued, got dtype {t.dtype}")
+    if t.dim() not in dims:
+        hint = ""
+        if t.dim() > max(dims):
+            hint = " (select one batch element/head first, e.g. weights[0], or use attention_grid)"
+        raise ValueError(
+            f"{name} must have shape {shape_doc}, got {t.dim()}-D shape "
+            f"{tuple(t.shape)}{hint}"
+        )
+    if any(s == 0 for s in t.shape):
+        raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
+    return t.to(device="cpu", dtype=torch.float32).numpy()
+
+
+def _check_range(arr: np.ndarray, name: str, vmin: float, vmax: float) -> None:
+    """Values outside the fixed colour scale would be clipped silently: refuse them."""
+    if not vmin < vmax:
+        raise ValueError(f"vmin must be < vmax, got vmin={vmin!r}, vmax={vmax!r}")
+    finite = arr[np.isfinite(arr)]
+    if finite.size == 0:
+        return
+    lo, hi = float(finite.min()), float(finite.max())
+    tol = _RANGE_TOL * (vmax - vmin)
+    if lo < vmin - tol or hi > vmax + tol:
+        raise ValueError(
+            f"{name} has values in [{lo:.4g}, {hi:.4g}], outside the colour scale "
+            f"[vmin={vmin:g}, vmax={vmax:g}]; attention weights lie in [0, 1]. To plot "
+            "other values (e.g. raw scores), pass vmin= and vmax= explicitly"
+        )
+
+
+def _check_tokens(tokens: Sequence[Any] | None, name: str, length: int, axis: str) -> list[str] | None:
+    if tokens is None:
+        return None
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise TypeError(
+            f"{name} must be a sequence of {length} labels (one per {axis}), "
+            f"got {type(tokens).__name__}"
+        )
+    if len(tokens) != length:
+        raise ValueError(
+            f"{name} must have one label per {axis}: expected {length} labels, "
+            f"got {len(tokens)}"
+        )
+    return [str(t) for t in tokens]
+
+
+def _tick_fontsize(labels: list[str] | None, n: int) -> float:
+    return 9.0 if labels is None or n <= 16 else max(5.0, 9.0 * 16 / n)
+
+
+def _x_rotation(labels: list[str] | None) -> int:
+    return 90 if labels is not None and max(len(s) for s in labels) > 2 else 0
+
+
+def _set_ticks(ax: Axes, which: str, labels: list[str] | None, n: int) -> None:
+    """Token labels on every tick; without tokens, integer positions (sparse if many)."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if labels is None:
+        step = max(1, math.ceil(n / 16))
+        positions = list(range(0, n, step))
+        axis.set_ticks(positions, labels=[str(p) for p in positions], fontsize=9)
+        return
+    rotation = _x_rotation(labels) if which == "x" else 0
+    axis.set_ticks(range(n), labels=labels, fontsize=_tick_fontsize(labels, n),
+                   rotation=rotation)
+
+
+def _draw_heatmap(
+    ax: Axes,
+    arr: np.ndarray,  # (Lq, Lk)
+    query_tokens: list[str] | None,
+    key_tokens: list[str] | None,
+    *,
+    annotate: bool,
+    vmin: float,
+    vmax: float,
+    cmap: str,
+    fmt: str,
+    annot_size: float = 8.0,
+) -> AxesImage:
+    """Draw one (Lq, Lk) matrix on ``ax``; shared by the single heatmap and the grid."""
+    lq, lk = arr.shape
+    image = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",
+                      interpolation="nearest")
+    image.cmap.set_bad("lightgrey")  # NaN cells (e.g. a fully masked row) stay visible
+    _set_ticks(ax, "x", key_tokens, lk)
+    _set_ticks(ax, "y", query_tokens, lq)
+    ax.set_xlabel("keys")
+    ax.set_ylabel("queries")
+    if annotate:
+        mid = vmin + 0.5 * (vmax - vmin)
+        for i in range(lq):
+            for j in range(lk):
+                v = float(arr[i, j])
+                ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=annot_size,
+                        color="white" if not v >= mid else "black")
+    return image
+
+
+def _new_heatmap_axes(
+    lq: int, lk: int, q_labels: list[str] | None, k_labels: list[str] | None,
+    title: str | None, colorbar: bool,
+) -> tuple[Axes, Axes | None]:
+    """A new pyplot figure sized for the matrix, with margins computed from the labels.
+
+    The margins are estimated from label lengths instead of using a layout
+    engine: constrained layout measures every text several times and roughly
+    doubles the time of a redraw, which matters for live sliders.
+    """
+    import matplotlib.pyplot as plt
+
+    def chars(labels: list[str] | None, n: int) -> int:
+        return max(len(s) for s in labels) if labels else len(str(n - 1))
+
+    def pt(points: float) -> float:  # points to inches
+        return points / 72.0
+
+    x_fs, y_fs = _tick_fontsize(k_labels, lk), _tick_fontsize(q_labels, lq)
+    x_chars, y_chars = chars(k_labels, lk), chars(q_labels, lq)
+    x_rot = _x_rotation(k_labels)
+    cell = min(0.45, 4.2 / max(lq, lk))  # inches per matrix cell: at most 4.2 in a side
+    width, height = cell * lk, cell * lq
+    left = pt(y_fs * 0.62 * y_chars + 28)  # tick labels + pad + "queries"
+    bottom = pt((x_fs * 0.62 * x_chars if x_rot else x_fs * 1.2) + 28)  # tick labels + "keys"
+    top = pt(26 if title else 8)
+    right = pt(78 if colorbar else 8)  # pad + bar + "0.0" ticks + label
+    fig_w, fig_h = left + width + right, bottom + height + top
+    fig = plt.figure(figsize=(fig_w, fig_h))
+    ax = fig.add_axes((left / fig_w, bottom / fig_h, width / fig_w, height / fig_h))
+    cax = None
+    if colorbar:
+        cax = fig.add_axes(((left + width + pt(10)) / fig_w, bottom / fig_h, pt(10) / fig_w,
+                            height / fig_h))
+    return ax, cax
+
+
+def attention_heatmap(
+    weights: Tensor | np.ndarray,
+    query_tokens: Sequence[Any] | None = None,
+    key_tokens: Sequence[Any] | None = None,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    annotate: bool | None = None,
+    colorbar: bool = True,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    cmap: str = "viridis",
+    fmt: str = ".2f",
+) -> Axes:
+    """Plot one attention-weight matrix: queries as rows, keys as columns.
+
+    Explained in chapter 1, *Queries, keys and values*; used by every later chapter.
+
+    Args:
+        weights: attention weights, a tensor (may require grad or live on any
+            device) or numpy array. Detached, copied to the CPU as float32.
+        query_tokens: one label per query (row), or ``None`` for row indices.
+        key_tokens: one label per key (column), or ``None`` for column indices.
+        ax: axes to draw on; ``None`` creates a new figure (via pyplot, so the
+            inline backend shows it) sized for the matrix and its labels.
+        title: axes title.
+        annotate: write each value in its cell. ``None`` (default) annotates
+            matrices of at most 8 x 8.
+        colorbar: add a colourbar next to the axes.
+        vmin, vmax: the fixed colour scale, ``0..1`` by default so that plots are
+            comparable. Finite values outside it raise (they would be clipped).
+        cmap: matplotlib colour map name.
+        fmt: format spec of the annotations.
+
+    Returns:
+        The matplotlib ``Axes`` holding the heatmap (``ax.images[0]`` is the
+        image; its ``get_array()`` is the weight matrix).
+
+    Raises:
+        TypeError: ``weights`` is not a tensor/array, or tokens are not a sequence.
+        ValueError: ``weights`` is not 2-D or is empty, a token list has the wrong
+            length, or values lie outside ``[vmin, vmax]``.
+
+    Shapes:
+        - weights: ``(Lq, Lk)``
+        - query_tokens: ``Lq`` labels; key_tokens: ``Lk`` labels.
+    """
+    arr = _to_numpy(weights, "weights", (2,), "(Lq, Lk)")  # (Lq, Lk)
+    lq, lk = arr.shape
+    _check_range(arr, "weights", vmin, vmax)
+    q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (row of weights)")
+    k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (column of weights)")
+    if annotate is None:
+        annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
+    cax = None
+    if ax is None:
+        ax, cax = _new_heatmap_axes(lq, lk, q_labels, k_labels, title, colorbar)
+    image = _draw_heatmap(ax, arr, q_labels, k_labels, annotate=bool(annotate),
+                          vmin=vmin, vmax=vmax, cmap=cmap, fmt=fmt)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    if colorbar:
+        fig = ax.get_figure()
+        if cax is not None:
+            bar = fig.colorbar(image, cax=cax, label="weight")
+        else:  # caller's axes: take the space from them
+            bar = fig.colorbar(image, ax=ax, label="weight", shrink=0.9)
+        bar.set_ticks([vmin, vmin + 0.5 * (vmax - vmin), vmax])
+    return ax
+
+
+def _check_titles(titles: Sequence[Any] | None, name: str, length: int, what: str) -> list[str] | None:
+    if titles is None:
+        return None
+    if isinstance(titles, (str, bytes)) or not isinstance(titles, Sequence):
+        raise TypeError(f"{name} must be a sequence of {length} titles, got {type(titles).__name__}")
+    if len(titles) != length:
+        raise ValueError(f"{name} must have one title per {what}: expected {length}, got {len(titles)}")
+    return [str(t) for t in titles]
+
+
+def attention_grid(
+    weights: Tensor | np.ndarray,
+    query_tokens: Sequence[Any] | None = None,
+    key_tokens: Sequence[Any] | None = None,
+    *,
+    row_titles: Sequence[Any] | None = None,
+    col_titles: Sequence[Any] | None = None,
+    annotate: bool | None = None,
+    colorbar: bool = True,
+    max_cols: int = 4,
+    panel_size: float = 2.2,
+    suptitle: str | None = None,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    cmap: str = "viridis",
+    fmt: str = ".2f",
+) -> Figure:
+    """Plot one heatmap per head, or per layer and head, on a shared colour scale.
+
+    Explained in chapter 6, *Multi-head attention* (and used in chapter 7).
+
+    A 3-D input ``(H, Lq, Lk)`` gives one panel per head titled ``"head h"``,
+    wrapped after ``max_cols`` panels. A 4-D input ``(layers, H, Lq, Lk)`` gives one
+    row per layer and one column per head, titled ``"layer l, head h"``. All panels
+    share the colour scale ``[vmin, vmax]`` and one colourbar; token labels are
+    drawn on the outer panels only.
+
+    Args:
+        weights: a tensor (may require grad or live on any device) or numpy array.
+        query_tokens: one label per query (row), or ``None``.
+        key_tokens: one label per key (column), or ``None``.
+        row_titles: 4-D input only: one name per layer, replacing ``"layer l"``.
+        col_titles: one name per head, replacing ``"head h"``.
+        annotate: write values in the cells; ``None`` annotates matrices of at
+            most 8 x 8.
+        colorbar: add one colourbar shared by all panels.
+        max_cols: 3-D input only: panels per row before wrapping.
+        panel_size: size of one panel in inches.
+        suptitle: title of the whole figure.
+        vmin, vmax: the shared, fixed colour scale (``0..1`` by default).
+        cmap: matplotlib colour map name.
+        fmt: format spec of the annotations.
+
+    Returns:
+        The matplotlib ``Figure`` (created via pyplot, so the inline backend
+        shows it).
+
+    Raises:
+        TypeError: ``weights`` is not a tensor/array, or labels are not sequences.
+        ValueError: ``weights`` is not 3-D or 4-D, label/title lists have the
+            wrong length, ``row_titles`` is given for 3-D input, or values lie
+            outside ``[vmin, vmax]``.
+
+    Shapes:
+        - weights: ``(H, Lq, Lk)`` or ``(layers, H, Lq, Lk)``
+    """
+    arr = _to_numpy(weights, "weights", (3, 4), "(H, Lq, Lk) or (layers, H, Lq, Lk)")
+    _check_range(arr, "weights", vmin, vmax)
+    four_d = arr.ndim == 4
+    if not four_d:
+        if row_titles is not None:
+            raise ValueError(
+                "row_titles needs 4-D weights (layers, H, Lq, Lk); for 3-D weights "
+                f"{tuple(arr.shape)} name the heads with col_titles"
+            )
+        arr = arr[None]  # (1, H, Lq, Lk)
+    n_layers, n_heads, lq, lk = arr.shape
+    q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (dim -2 of weights)")
+    k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (dim -1 of weights)")
+    heads = _check_titles(col_titles, "col_titles", n_heads, "head") or [f"head {h}" for h in range(n_heads)]
+    layers = _check_titles(row_titles, "row_titles", n_layers, "layer") or [f"layer {l}" for l in range(n_layers)]
+    if not isinstance(max_cols, int) or max_cols < 1:
+        raise ValueError(f"max_cols must be an int >= 1, got {max_cols!r}")
+    if annotate is None:
+        annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
+
+    # Panel k of the flat list goes to grid cell divmod(k, ncols).
+    panels = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    ncols = n_heads if four_d else min(n_heads, max_cols)
+    nrows = math.ceil(len(panels) / ncols)
+
+    import matplotlib.pyplot as plt
+
+    aspect = min(1.6, max(0.6, lk / lq))
+    fig, axes = plt.subplots(
+        nrows, ncols, squeeze=False, layout="constrained",
+        figsize=(ncols * panel_size * aspect + (1.0 if colorbar else 0.2), nrows * panel_size + 0.3),
+    )
+    image = None
+    for k, (l, h) in enumerate(panels):
+        r, c = divmod(k, ncols)
+        ax = axes[r, c]
+        image = _draw_heatmap(ax, arr[l, h], q_labels, k_labels, annotate=bool(annotate),
+                              vmin=vmin, vmax=vmax, cmap=cmap, fmt=fmt,
+                              annot_size=7.0 if max(lq, lk) <= 6 else 6.0)
+        ax.set_title(f"{layers[l]}, {heads[h]}" if four_d else heads[h], fontsize=10)
+        # Shared labels: only the left column keeps query labels, and only a panel
+        # with no panel below it keeps key labels.
+        if c > 0:
+            ax.set_ylabel("")
+            ax.tick_params(axis="y", labelleft=False)
+        if k + ncols < len(panels):
+            ax.set_xlabel("")
+            ax.tick_params(axis="x", labelbottom=False)
+    for k in range(len(panels), nrows * ncols):
+        axes.flat[k].set_visible(False)  # unused cells of a wrapped 3-D grid
+    if colorbar and image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="weight", shrink=0.9)
+    if suptitle is not None:
+        fig.suptitle(suptitle)
+    return fig
