@@ -23,6 +23,10 @@ __all__ += [
 ]
 
 # --- visualisation: heatmaps and slider explorers (used by every chapter)
+from .explorer import SliderExplorer, explore  # noqa: E402
+from .viz import attention_grid, attention_heatmap  # noqa: E402
+
+__all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer"]
 
 # --- efficient attention: online softmax and tiled attention (chapter 8)
 
