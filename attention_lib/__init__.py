@@ -13,6 +13,8 @@ __all__: list[str] = []
 # --- core: masks, scaled dot-product attention, multi-head attention (chapters 2-6)
 from .masks import as_keep_mask, causal_mask, masked_softmax, padding_mask  # noqa: E402
 from .sdpa import scaled_dot_product_attention  # noqa: E402
+from .backends import available_backends, get_backend, register_backend  # noqa: E402
+from .mha import MultiHeadAttention  # noqa: E402
 
 __all__ += [
     "causal_mask",
@@ -20,6 +22,10 @@ __all__ += [
     "as_keep_mask",
     "masked_softmax",
     "scaled_dot_product_attention",
+    "available_backends",
+    "get_backend",
+    "register_backend",
+    "MultiHeadAttention",
 ]
 
 # --- visualisation: heatmaps and slider explorers (used by every chapter)

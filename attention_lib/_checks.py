@@ -31,11 +31,12 @@ def check_tensor(name: str, t: object, *, min_dim: int = 2) -> Tensor:
     return t
 
 
-def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
     """Validate query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, value ``(..., Lk, d_v)``.
 
     Checks type, dtype, device, the shared ``d_k``, the shared ``Lk`` and that
-    the leading (batch/head) dimensions broadcast.
+    the leading (batch/head) dimensions broadcast. Returns the broadcast leading
+    dims ``...``.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, t)
@@ -61,7 +62,7 @@ def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
             f"{tuple(key.shape)} and value {tuple(value.shape)}"
         )
     try:
-        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        return tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
     except RuntimeError:
         raise ValueError(
             "the leading (batch/head) dims of query, key and value must broadcast, "

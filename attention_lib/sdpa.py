@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -93,12 +92,11 @@ def scaled_dot_product_attention(
         - output: ``(..., Lq, d_v)``
         - weights: ``(..., Lq, Lk)``
     """
-    check_qkv(query, key, value)
+    batch_shape = check_qkv(query, key, value)  # the broadcast leading dims "..."
     check_dropout_p(dropout_p)
     check_scale(scale)
     check_bool("is_causal", is_causal)
     q_len, k_len, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
-    batch_shape = _batch_shape(query, key, value)
     keep = as_keep_mask(
         mask, q_len, k_len, is_causal=is_causal, batch_shape=batch_shape, device=query.device
     )
@@ -112,7 +110,3 @@ def scaled_dot_product_attention(
     output = weights @ value  # (..., Lq, d_v)
     return output, weights
 
-
-def _batch_shape(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
-    """The broadcast leading (batch/head) dims of ``query``, ``key`` and ``value``."""
-    return tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))

@@ -206,18 +206,16 @@ def test_dropout_only_when_positive() -> None:
 
 def test_gradcheck_fp64() -> None:
     torch.manual_seed(6)
-    q = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
-    mask = torch.rand(2, 3, 5) > 0.3
-    mask[1, 0] = False  # includes a fully masked row
+    q = torch.randn(1, 3, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 4, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=torch.bool)  # row 1 fully masked
 
     def fn(q, k, v):
-        out, w = scaled_dot_product_attention(q, k, v, mask, is_causal=True, scale=0.4)
-        return out, w
+        return scaled_dot_product_attention(q, k, v, mask, is_causal=True, scale=0.4)
 
     assert torch.autograd.gradcheck(fn, (q, k, v))
-    assert torch.autograd.gradgradcheck(lambda q, k, v: fn(q, k, v)[0], (q, k, v))
+    assert torch.autograd.gradgradcheck(lambda q, k, v: fn(q, k, v)[0], (q, k, v), fast_mode=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

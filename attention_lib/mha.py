@@ -1,0 +1,315 @@
+"""Multi-head attention: project, split into heads, attend, merge, project.
+
+Explained in chapter 6, *Multi-head attention*.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_bool, check_dropout_p, check_tensor
+from .backends import get_backend
+from .sdpa import scaled_dot_product_attention
+
+__all__ = ["MultiHeadAttention"]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int > 0, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be an int > 0, got {value}")
+    return value
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head attention with batch-first inputs and pluggable attention.
+
+    .. math::
+
+        \mathrm{head}_i = \mathrm{Attention}(Q W_q^{(i)}, K W_k^{(i)}, V W_v^{(i)}),
+        \qquad
+        \mathrm{MHA}(Q, K, V) = \mathrm{concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\, W_o
+
+    Each ``nn.Linear(d_model, d_model)`` projection is cut into ``num_heads``
+    slices of width ``d_head = d_model // num_heads`` (a ``view`` + ``transpose``,
+    no copy), the heads attend independently and their outputs are concatenated
+    and mixed by ``W_o``.
+
+    Explained in chapter 6, *Multi-head attention*; backends also in chapter 8,
+    *Efficient attention*.
+
+    **Mask semantics.** ``mask`` is a *keep-mask*, as in
+    :func:`~attention_lib.scaled_dot_product_attention`: bool ``True`` (or 1)
+    = may attend, ``False`` (or 0) = blocked. This is the **opposite** of
+    ``nn.MultiheadAttention``, whose bool ``attn_mask`` and ``key_padding_mask``
+    mark *blocked* positions with ``True``; and unlike
+    ``F.scaled_dot_product_attention`` a float mask is 0/1, never an additive
+    bias. A query row with every key masked gives a zero attention output (so
+    the module returns the output bias ``W_o.bias`` for it), never ``NaN``.
+
+    **Backends.** ``backend`` names the function that computes attention for
+    all heads at once (see :mod:`attention_lib.backends`): ``"lib"`` (this
+    package's :func:`~attention_lib.scaled_dot_product_attention`, the default),
+    ``"torch"`` (PyTorch's fused ``F.scaled_dot_product_attention``: use it
+    where you need speed, not weights) or ``"tiled"`` (chapter 8). A fused
+    kernel cannot return the attention weights, so ``need_weights=True``
+    always uses the lib computation, whatever the backend.
+
+    Args:
+        d_model: model width; divisible by ``num_heads``.
+        num_heads: number of heads ``H``.
+        dropout: dropout probability on the attention weights, applied only in
+            ``train()`` mode.
+        bias: whether the four projections have a bias.
+        backend: attention backend name, see :func:`~attention_lib.get_backend`.
+        device: device of the parameters.
+        dtype: dtype of the parameters.
+
+    Attributes:
+        W_q: query projection, ``nn.Linear(d_model, d_model)``.
+        W_k: key projection, ``nn.Linear(d_model, d_model)``.
+        W_v: value projection, ``nn.Linear(d_model, d_model)``.
+        W_o: output projection, ``nn.Linear(d_model, d_model)``.
+        d_model: model width.
+        num_heads: number of heads ``H``.
+        d_head: width of one head, ``d_model // num_heads``.
+        dropout: dropout probability on the attention weights.
+        backend: name of the attention backend.
+
+    Raises:
+        TypeError: if ``d_model``/``num_heads`` are not ints or ``bias`` not a bool.
+        ValueError: if ``d_model % num_heads != 0``, ``dropout`` is outside
+            ``[0, 1)`` or ``backend`` is unknown.
+
+    Shapes:
+        - query: ``(B, Lq, d_model)``
+        - key, value: ``(B, Lk, d_model)``
+        - mask: ``(Lq, Lk)``, ``(B, 1, Lq, Lk)``, ``(B, H, Lq, Lk)`` or a
+          :func:`~attention_lib.padding_mask` ``(B, 1, 1, Lk)``
+        - output: ``(B, Lq, d_model)``
+        - weights: ``(B, H, Lq, Lk)``
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        *,
+        backend: str = "lib",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        _check_positive_int("d_model", d_model)
+        _check_positive_int("num_heads", num_heads)
+        if d_model % num_heads != 0:
+            raise ValueError(
+                f"d_model must be divisible by num_heads, got d_model={d_model} and "
+                f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
+            )
+        try:
+            check_dropout_p(dropout)
+        except ValueError:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}") from None
+        check_bool("bias", bias)
+        get_backend(backend)  # fail now on an unknown name, not at the first forward
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_head = d_model // num_heads
+        self.dropout = float(dropout)
+        self.backend = backend
+        factory = {"device": device, "dtype": dtype}
+        self.W_q = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.W_k = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.W_v = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.W_o = nn.Linear(d_model, d_model, bias=bias, **factory)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"dropout={self.dropout}, backend={self.backend!r}"
+        )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``query`` to ``key``/``value`` with every head.
+
+        Explained in chapter 6, *Multi-head attention*.
+
+        Args:
+            query: ``(B, Lq, d_model)``.
+            key: ``(B, Lk, d_model)``.
+            value: ``(B, Lk, d_model)``.
+            mask: keep-mask (bool ``True`` / 1 = may attend) of shape
+                ``(Lq, Lk)``, ``(B, 1, Lq, Lk)``, ``(B, H, Lq, Lk)`` or
+                ``(B, 1, 1, Lk)`` (:func:`~attention_lib.padding_mask`); ``None``
+                for no mask.
+            is_causal: query ``i`` attends only to keys ``0 .. i`` (combined
+                with ``mask``), aligned as ``F.scaled_dot_product_attention``.
+            need_weights: also return the per-head attention weights (computed
+                with the lib backend, whatever ``backend`` is).
+
+        Returns:
+            ``output (B, Lq, d_model)``, or ``(output, weights)`` with
+            ``weights (B, H, Lq, Lk)`` if ``need_weights`` (per head; average
+            over dim 1 to compare with ``nn.MultiheadAttention``'s default).
+
+        Raises:
+            TypeError: on non-floating inputs, or a dtype that differs from the
+                parameters'.
+            ValueError: on inputs that are not ``(B, L, d_model)``, mismatched
+                batch sizes, key/value lengths or devices, or a mask that does
+                not broadcast to ``(B, H, Lq, Lk)``.
+        """
+        self._check_inputs(query, key, value, mask)
+        check_bool("is_causal", is_causal)
+        check_bool("need_weights", need_weights)
+        batch, q_len, _ = query.shape
+        q, k, v = self._project(query, key, value)  # each (B, H, L, d_head)
+        dropout_p = self.dropout if self.training else 0.0
+
+        weights = None
+        if need_weights:
+            # A fused kernel cannot return the weights: use the lib computation.
+            attended, weights = scaled_dot_product_attention(
+                q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal
+            )  # (B, H, Lq, d_head), (B, H, Lq, Lk)
+        else:
+            attend = get_backend(self.backend)
+            attended = attend(
+                q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal, scale=None
+            )  # (B, H, Lq, d_head)
+        merged = attended.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, Lq, d_model)
+        output = self.W_o(merged)  # (B, Lq, d_model)
+        return (output, weights) if need_weights else output
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project the inputs and split them into heads: ``(B, L, d_model) -> (B, H, L, d_head)``."""
+        if query is key and key is value:
+            # Self-attention: one matmul with the three weight matrices stacked
+            # does the same work as three, with less overhead.
+            weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 d_model, d_model)
+            bias = None
+            if self.W_q.bias is not None:
+                bias = torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])  # (3 d_model,)
+            q, k, v = F.linear(query, weight, bias).chunk(3, dim=-1)  # 3 x (B, L, d_model)
+        else:
+            q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, d_model)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """``(B, L, d_model) -> (B, H, L, d_head)`` without copying."""
+        batch, length, _ = x.shape
+        x = x.view(batch, length, self.num_heads, self.d_head)  # (B, L, H, d_head)
+        return x.transpose(1, 2)  # (B, H, L, d_head)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
+        weight = self.W_q.weight
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            check_tensor(name, t, min_dim=3)
+            if t.dim() != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"{name} must have shape (B, L, d_model) = (B, L, {self.d_model}), "
+                    f"got {tuple(t.shape)}"
+                )
+            if t.device != weight.device:
+                raise ValueError(
+                    f"{name} must be on the module's device {weight.device}, got {t.device}"
+                )
+            if t.dtype != weight.dtype:
+                raise TypeError(
+                    f"{name} must have the module's dtype {weight.dtype}, got {t.dtype} "
+                    f"(convert the module with .to({t.dtype}) or the input with .to({weight.dtype}))"
+                )
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(
+                "query, key and value must have the same batch size B (dim 0), got "
+                f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                "key and value must have the same length Lk (dim 1), got "
+                f"key {tuple(key.shape)} and value {tuple(value.shape)}"
+            )
+        if isinstance(mask, Tensor) and mask.dim() not in (2, 4):
+            # A 3-D mask would broadcast (B, Lq, Lk) against (H, Lq, Lk): refuse it.
+            raise ValueError(
+                "mask must have shape (Lq, Lk), (B, 1, Lq, Lk), (B, H, Lq, Lk) or "
+                f"(B, 1, 1, Lk), got {tuple(mask.shape)} (for a (B, Lq, Lk) mask "
+                "pass mask[:, None])"
+            )
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiHeadAttention:
+        """Build a module that computes the same function as a batch-first
+        ``nn.MultiheadAttention``.
+
+        Copies ``in_proj_weight``/``in_proj_bias`` (rows ``[0, d)``, ``[d, 2d)``,
+        ``[2d, 3d)`` are the query, key and value projections) into ``W_q``,
+        ``W_k``, ``W_v`` and ``out_proj`` into ``W_o``; dropout, device and dtype
+        are kept. Remember to convert masks: torch's bool ``True`` = blocked, ours
+        ``True`` = may attend (``mask = ~attn_mask``; a ``key_padding_mask (B, Lk)``
+        becomes ``~key_padding_mask[:, None, None, :]``).
+
+        Explained in chapter 6, *Multi-head attention*.
+
+        Args:
+            module: an ``nn.MultiheadAttention`` built with ``batch_first=True``
+                and without ``kdim``/``vdim``, ``add_bias_kv`` or ``add_zero_attn``.
+            backend: attention backend of the new module.
+
+        Returns:
+            A new :class:`MultiHeadAttention` with copied parameters (in the same
+            training/eval mode as ``module``).
+
+        Raises:
+            TypeError: if ``module`` is not an ``nn.MultiheadAttention``.
+            ValueError: if ``module`` uses a feature this class does not have.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
+        if not module.batch_first:
+            raise ValueError(
+                "module must be built with batch_first=True (inputs (B, L, d_model)), "
+                "got batch_first=False"
+            )
+        if not module._qkv_same_embed_dim:
+            raise ValueError(
+                f"module must have kdim == vdim == embed_dim={module.embed_dim}, got "
+                f"kdim={module.kdim} and vdim={module.vdim}"
+            )
+        if module.bias_k is not None or module.bias_v is not None:
+            raise ValueError("module must be built with add_bias_kv=False, got add_bias_kv=True")
+        if module.add_zero_attn:
+            raise ValueError("module must be built with add_zero_attn=False, got add_zero_attn=True")
+        d_model = module.embed_dim
+        weight = module.in_proj_weight
+        ours = cls(
+            d_model, module.num_heads, dropout=module.dropout,
+            bias=module.in_proj_bias is not None, backend=backend,
+            device=weight.device, dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            for i, linear in enumerate((ours.W_q, ours.W_k, ours.W_v)):
+                linear.weight.copy_(weight[i * d_model : (i + 1) * d_model])  # (d_model, d_model)
+                if linear.bias is not None:
+                    linear.bias.copy_(module.in_proj_bias[i * d_model : (i + 1) * d_model])
+            ours.W_o.weight.copy_(module.out_proj.weight)
+            if ours.W_o.bias is not None:
+                ours.W_o.bias.copy_(module.out_proj.bias)
+        return ours.train(module.training)
