@@ -127,9 +127,14 @@ def _draw_heatmap(
 ) -> AxesImage:
     """Draw one (Lq, Lk) matrix on ``ax``; shared by the single heatmap and the grid."""
     lq, lk = arr.shape
-    image = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",
+    import matplotlib
+
+    if cmap not in matplotlib.colormaps:
+        raise ValueError(f"cmap must be a matplotlib colour map name, got {cmap!r}")
+    # NaN cells (e.g. a fully masked row of a naive softmax) are drawn light grey.
+    colours = matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
+    image = ax.imshow(arr, cmap=colours, vmin=vmin, vmax=vmax, aspect="equal",
                       interpolation="nearest")
-    image.cmap.set_bad("lightgrey")  # NaN cells (e.g. a fully masked row) stay visible
     _set_ticks(ax, "x", key_tokens, lk)
     _set_ticks(ax, "y", query_tokens, lq)
     ax.set_xlabel("keys")
@@ -177,7 +182,7 @@ def _new_heatmap_axes(
     cax = None
     if colorbar:
         cax = fig.add_axes(((left + width + pt(10)) / fig_w, bottom / fig_h, pt(10) / fig_w,
-                            height / fig_h))
+                            height / fig_h), label="<colorbar>")
     return ax, cax
 
 

@@ -1,0 +1,247 @@
+"""Tests for attention_lib.explorer: live widget, kernel-free HTML fallback, budgets."""
+
+from __future__ import annotations
+
+import base64
+import re
+from html.parser import HTMLParser
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import ipywidgets as widgets  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attention_lib import SliderExplorer, attention_heatmap, explore  # noqa: E402
+from attention_lib.explorer import WIDGET_VIEW_MIME  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+DPI = 20  # tiny frames keep the tests fast
+
+
+class Recorder:
+    """A draw function that records its calls and draws a colour that depends on them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        level = (sum(hash(repr(a)) % 97 for a in args) % 97) / 96.0
+        fig, ax = plt.subplots(figsize=(1, 1))
+        ax.imshow(np.full((2, 2), level), vmin=0, vmax=1)
+        ax.set_axis_off()
+        return fig
+
+
+class Tags(HTMLParser):
+    """Collects (tag, attrs) of every start tag, and the text of the .afs-label."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.label_text = ""
+        self._in_label = False
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        self._in_label = "afs-label" in a.get("class", "").split()
+
+    def handle_data(self, data):
+        if self._in_label:
+            self.label_text += data
+
+    def handle_endtag(self, tag):
+        self._in_label = False
+
+    def find(self, tag: str, cls: str) -> list[dict]:
+        return [a for t, a in self.tags if t == tag and cls in a.get("class", "").split()]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def test_fallback_has_one_frame_per_value_with_labels():
+    draw = Recorder()
+    values = [0.25, 0.5, 1.0, 2.0]
+    ex = explore("temperature", values, draw, dpi=DPI)
+    assert draw.calls == [(v,) for v in values]
+    page = Tags(ex.to_html())
+    assert len(page.find("div", "afs-explorer")) == 1
+    frames = page.find("img", "afs-frame")
+    assert [f["data-index"] for f in frames] == ["0", "1", "2", "3"]
+    labels = ["temperature = 0.25", "temperature = 0.5", "temperature = 1", "temperature = 2"]
+    assert [f["data-label"] for f in frames] == labels
+    assert [f["alt"] for f in frames] == labels
+    # only the first frame is visible before any interaction
+    assert [("display:none" in f["style"]) for f in frames] == [False, True, True, True]
+    assert page.label_text == "temperature = 0.25"
+    (slider,) = page.find("input", "afs-slider")
+    assert slider["type"] == "range" and slider["data-param"] == "temperature"
+    assert (slider["min"], slider["max"], slider["step"], slider["value"]) == ("0", "3", "1", "0")
+    assert "closest('.afs-explorer')" in slider["oninput"]
+    # every frame is the inline PNG of the matching pre-rendered frame
+    for f, png in zip(frames, ex.frames):
+        assert f["src"].startswith("data:image/png;base64,")
+        assert base64.b64decode(f["src"].split(",", 1)[1]) == png
+        assert png.startswith(PNG_SIGNATURE)
+    assert len(set(ex.frames)) == 4  # distinct values drew distinct frames
+
+
+def test_fallback_two_parameters_one_frame_per_pair():
+    draw = Recorder()
+    ex = explore("temperature", [0.5, 1.0, 2.0], draw, name2="head", values2=[0, 1], dpi=DPI)
+    pairs = [(t, h) for t in [0.5, 1.0, 2.0] for h in [0, 1]]
+    assert draw.calls == pairs  # row-major: frame index = i1 * len(values2) + i2
+    page = Tags(ex.to_html())
+    frames = page.find("img", "afs-frame")
+    assert len(frames) == 6 == len(ex.frames)
+    assert [f["data-label"] for f in frames] == [f"temperature = {t:g}, head = {h}" for t, h in pairs]
+    sliders = page.find("input", "afs-slider")
+    assert [(s["data-param"], s["max"]) for s in sliders] == [("temperature", "2"), ("head", "1")]
+    assert page.label_text == "temperature = 0.5, head = 0"
+    assert repr(ex) == "SliderExplorer(temperature x head: 3 x 2 = 6 frames)"
+
+
+def test_fallback_is_self_contained_and_deterministic():
+    w = torch.softmax(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)), -1)
+
+    def draw(t):
+        return attention_heatmap(w ** (1 / t) / (w ** (1 / t)).sum(-1, keepdim=True), list("abcd"), list("abcd"))
+
+    html1 = explore("temperature", [0.5, 1, 2], draw, dpi=DPI).to_html()
+    html2 = explore("temperature", [0.5, 1, 2], draw, dpi=DPI).to_html()
+    assert html1 == html2
+    # base64 text could contain "http" by chance: look at everything else
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,X", html1)
+    assert "http" not in text and "//" not in text.replace("://", "")
+    assert "<script" not in text and "<link" not in text and " id=" not in text
+    assert "src=" in text and all(s == "data:image/png;base64,X" for s in re.findall(r'src="([^"]*)"', text))
+
+
+def test_mimebundle_has_widget_view_html_and_plain():
+    ex = explore("n", range(3), Recorder(), dpi=DPI)
+    bundle = ex._repr_mimebundle_()
+    assert set(bundle) == {WIDGET_VIEW_MIME, "text/html", "text/plain"}
+    assert bundle[WIDGET_VIEW_MIME]["model_id"] == ex.widget.model_id
+    assert bundle[WIDGET_VIEW_MIME]["version_major"] == 2
+    assert bundle["text/html"] == ex.to_html()
+    assert bundle["text/plain"] == repr(ex) == "SliderExplorer(n: 3 frames)"
+    # displaying twice shows the same live widget (one model, two views)
+    assert ex._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"] == ex.widget.model_id
+
+
+def _live_parts(ex: SliderExplorer):
+    box = ex.widget
+    sliders = [c for c in box.children if isinstance(c, widgets.SelectionSlider)]
+    (label,) = [c for c in box.children if isinstance(c, widgets.Label)]
+    (image,) = [c for c in box.children if isinstance(c, widgets.Image)]
+    return sliders, label, image
+
+
+def test_live_slider_move_redraws_with_the_new_value():
+    draw = Recorder()
+    values = [0.25, 0.5, 1.0, 2.0]
+    ex = explore("temperature", values, draw, dpi=DPI)
+    (slider,), label, image = _live_parts(ex)
+    assert slider.description == "temperature"
+    assert image.value == ex.frames[0] and label.value == "temperature = 0.25"
+    before = image.value
+    draw.calls.clear()
+    slider.value = 2  # what the front end does when the reader moves the slider
+    assert draw.calls == [(1.0,)]
+    assert image.value != before and bytes(image.value).startswith(PNG_SIGNATURE)
+    assert image.value == ex.frames[2]  # same drawing as the pre-rendered frame
+    assert label.value == "temperature = 1"
+    assert ex.redraw_count == 1 and ex.last_redraw_seconds is not None
+    slider.value = 0
+    assert draw.calls[-1] == (0.25,) and image.value == before
+
+
+def test_live_second_slider_redraws_with_both_values():
+    draw = Recorder()
+    ex = explore("temperature", [0.5, 1.0], draw, name2="layer", values2=["enc0", "enc1", "enc2"], dpi=DPI)
+    (s1, s2), label, image = _live_parts(ex)
+    draw.calls.clear()
+    s2.value = 2
+    assert draw.calls == [(0.5, "enc2")] and label.value == "temperature = 0.5, layer = enc2"
+    s1.value = 1
+    assert draw.calls[-1] == (1.0, "enc2") and image.value == ex.frames[1 * 3 + 2]
+
+
+def test_live_draw_error_is_shown_and_raised():
+    state = {"fail": False}  # the live redraw calls draw again: state may have changed
+
+    def draw(v):
+        if state["fail"]:
+            raise RuntimeError("boom")
+        return Recorder()(v)
+
+    ex = explore("k", [1, 2], draw, dpi=DPI)
+    (slider,), label, image = _live_parts(ex)
+    state["fail"] = True
+    with pytest.raises(RuntimeError, match="boom"):
+        slider.value = 1
+    assert label.value == "k = 2: draw failed: RuntimeError: boom"
+    assert image.value == ex.frames[0] and ex.redraw_count == 0
+
+
+def test_frame_budget_raises_before_drawing():
+    draw = Recorder()
+    with pytest.raises(ValueError, match=r"65 frames requested .*max_frames=64"):
+        explore("i", range(65), draw)
+    with pytest.raises(ValueError, match=r"72 frames requested \(9 values of 'a' x 8 values of 'b'\).*max_frames=64"):
+        explore("a", range(9), draw, name2="b", values2=range(8))
+    with pytest.raises(ValueError, match=r"4 frames requested .*max_frames=3"):
+        explore("i", range(4), draw, max_frames=3)
+    assert draw.calls == []
+
+
+def test_html_size_budget_raises_with_size():
+    with pytest.raises(ValueError, match=r"would be [\d,]+ bytes of HTML for 3 frames, over the budget max_html_bytes=1,000"):
+        explore("i", range(3), Recorder(), dpi=DPI, max_html_bytes=1000)
+
+
+def test_figures_are_closed_and_axes_are_accepted():
+    ex = explore("t", [1, 2], lambda t: attention_heatmap(torch.eye(3) / t), dpi=DPI)
+    assert len(ex.frames) == 2 and plt.get_fignums() == []
+
+
+def test_tensor_and_array_values_become_python_numbers():
+    draw = Recorder()
+    explore("t", torch.tensor([0.5, 2.0]), draw, dpi=DPI)
+    explore("t", np.array([1, 3]), draw, dpi=DPI)
+    assert draw.calls == [(0.5,), (2.0,), (1,), (3,)]
+    assert all(type(c[0]) in (float, int) for c in draw.calls)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "exc", "pattern"),
+    [
+        (("t", [], Recorder()), {}, ValueError, r"values must contain at least one value for 't'"),
+        (("t", "abc", Recorder()), {}, TypeError, r"values must be a sequence .*got str"),
+        (("t", {1, 2}, Recorder()), {}, TypeError, r"got set"),
+        (("t", [1, 2, 1], Recorder()), {}, ValueError, r"distinct values for 't'.*\['1'\]"),
+        (("", [1], Recorder()), {}, TypeError, r"name must be a non-empty str"),
+        (("t", [1], "not callable"), {}, TypeError, r"draw must be callable, got str"),
+        (("t", [1], Recorder()), {"name2": "u"}, ValueError, r"name2 and values2 go together"),
+        (("t", [1], Recorder()), {"values2": [1]}, ValueError, r"name2 and values2 go together"),
+        (("t", [1], Recorder()), {"name2": "t", "values2": [1]}, ValueError, r"name2 must differ from name"),
+        (("t", [1], Recorder()), {"max_frames": 0}, ValueError, r"max_frames must be an int >= 1"),
+        (("t", [1], Recorder()), {"dpi": 0}, ValueError, r"dpi must be a number in \[10, 300\]"),
+        (("t", [1], lambda v: None), {}, TypeError, r"draw must return a matplotlib Figure \(or Axes\); draw\(1\) returned NoneType"),
+        (("t", torch.zeros(2, 2), Recorder()), {}, ValueError, r"values must be 1-D, got shape \(2, 2\)"),
+    ],
+)
+def test_explore_rejects_bad_input(args, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        explore(*args, **kwargs)
