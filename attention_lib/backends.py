@@ -71,7 +71,8 @@ def register_backend(name: str, fn: AttentionBackend, *, overwrite: bool = False
 
     Args:
         name: the backend's name.
-        fn: a function with the :class:`AttentionBackend` signature.
+        fn: a function with the :class:`~attention_lib.backends.AttentionBackend`
+            signature.
         overwrite: allow replacing an existing backend of that name.
 
     Raises:
@@ -101,7 +102,7 @@ def get_backend(name: str) -> AttentionBackend:
     Explained in chapter 6, *Multi-head attention*.
 
     Args:
-        name: one of :func:`available_backends`.
+        name: one of :func:`~attention_lib.available_backends`.
 
     Returns:
         The backend function.
@@ -181,8 +182,10 @@ def torch_backend(
         ``(..., Lq, d_v)`` output.
 
     Raises:
-        TypeError, ValueError: on bad input, as
-            :func:`~attention_lib.scaled_dot_product_attention`.
+        TypeError: on non-floating or mixed-dtype inputs, or a mask of bad type.
+        ValueError: on mismatched shapes or devices, a mask that does not
+            broadcast or is not 0/1, or a bad ``dropout_p``/``scale`` (as
+            :func:`~attention_lib.scaled_dot_product_attention`).
     """
     batch_shape = check_qkv(q, k, v)
     check_dropout_p(dropout_p)

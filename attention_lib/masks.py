@@ -137,7 +137,8 @@ def as_keep_mask(
         mask: keep-mask broadcastable to ``(*batch_shape, q_len, k_len)``, or ``None``.
         q_len: number of queries ``Lq``.
         k_len: number of keys ``Lk``.
-        is_causal: also block key ``j > i`` for query ``i`` (see :func:`causal_mask`).
+        is_causal: also block key ``j > i`` for query ``i`` (see
+            :func:`~attention_lib.causal_mask`).
         batch_shape: leading (batch/head) dims of the attention scores.
         device: the device of the attention scores (the mask must be on it).
 

@@ -272,7 +272,7 @@ class MultiHeadAttention(nn.Module):
             backend: attention backend of the new module.
 
         Returns:
-            A new :class:`MultiHeadAttention` with copied parameters (in the same
+            A new :class:`~attention_lib.MultiHeadAttention` with copied parameters (in the same
             training/eval mode as ``module``).
 
         Raises:
