@@ -37,3 +37,38 @@ __all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer"]
 # --- efficient attention: online softmax and tiled attention (chapter 8)
 
 # --- a small Transformer encoder and a toy task (chapter 7)
+from .encoder import (  # noqa: E402
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+    SinusoidalPositionalEncoding,
+    TokenClassifier,
+    sinusoidal_positional_encoding,
+)
+from .tasks import (  # noqa: E402
+    TASKS,
+    TrainingHistory,
+    count_shared_sequences,
+    ideal_attention_share,
+    ideal_key_positions,
+    make_task_data,
+    token_accuracy,
+    train_token_classifier,
+)
+
+__all__ += [
+    "sinusoidal_positional_encoding",
+    "SinusoidalPositionalEncoding",
+    "FeedForward",
+    "EncoderLayer",
+    "Encoder",
+    "TokenClassifier",
+    "TASKS",
+    "make_task_data",
+    "ideal_key_positions",
+    "ideal_attention_share",
+    "count_shared_sequences",
+    "token_accuracy",
+    "TrainingHistory",
+    "train_token_classifier",
+]

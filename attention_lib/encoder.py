@@ -1,0 +1,487 @@
+"""A small pre-LN Transformer encoder built from :class:`MultiHeadAttention`.
+
+The pieces, in the order in which chapter 7 introduces them:
+
+* :func:`sinusoidal_positional_encoding` and :class:`SinusoidalPositionalEncoding`:
+  self-attention alone is permutation-equivariant, so the position of each token
+  has to be added to its embedding;
+* :class:`FeedForward`: the position-wise two-layer MLP of every layer;
+* :class:`EncoderLayer`: self-attention and feed-forward blocks, each wrapped as
+  ``x + block(LayerNorm(x))`` (pre-LN);
+* :class:`Encoder`: a stack of layers and a final ``LayerNorm``;
+* :class:`TokenClassifier`: embedding + positions + encoder + a linear head that
+  predicts one class per position (the toy tasks of :mod:`attention_lib.tasks`).
+
+Every forward pass can return the attention weights of every layer and head,
+stacked as ``(B, num_layers, H, L, L)``, ready for
+:func:`~attention_lib.attention_grid` (``weights[b]`` is ``(layers, H, L, L)``).
+
+Explained in chapter 7, *Attention that has learned something*.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_tensor
+from .mha import MultiHeadAttention
+
+__all__ = [
+    "sinusoidal_positional_encoding",
+    "SinusoidalPositionalEncoding",
+    "FeedForward",
+    "EncoderLayer",
+    "Encoder",
+    "TokenClassifier",
+]
+
+#: Accepted values of ``TokenClassifier(positional=...)``.
+POSITIONAL_KINDS = ("sinusoidal", "learned", None)
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int > 0, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be an int > 0, got {value}")
+    return value
+
+
+def _check_dropout(dropout: object) -> float:
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
+        0.0 <= float(dropout) < 1.0
+    ):
+        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+    return float(dropout)
+
+
+def _check_model_input(x: object, d_model: int) -> Tensor:
+    """``x`` must be a floating ``(B, L, d_model)`` tensor."""
+    x = check_tensor("x", x, min_dim=3)
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"x must have shape (B, L, d_model={d_model}), got shape {tuple(x.shape)}"
+        )
+    return x
+
+
+def sinusoidal_positional_encoding(
+    max_len: int,
+    d_model: int,
+    *,
+    base: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""The sinusoidal positional encodings of *Attention Is All You Need*.
+
+    .. math::
+
+        PE_{p,\,2i} = \sin\!\left(p\,\omega_i\right),\qquad
+        PE_{p,\,2i+1} = \cos\!\left(p\,\omega_i\right),\qquad
+        \omega_i = \mathrm{base}^{-2i/d_\mathrm{model}}.
+
+    Each pair of columns ``(2i, 2i+1)`` is a point turning on the unit circle at
+    its own angular speed ``omega_i``, from one turn per ``2 pi`` positions
+    (column 0) down to one turn per ``2 pi * base`` positions. So every row has
+    norm ``sqrt(d_model / 2)``, the encoding of ``p + k`` is a fixed rotation of
+    the encoding of ``p``, and the dot product of two rows depends only on their
+    distance. An odd ``d_model`` drops the last cosine column.
+
+    Explained in chapter 7, *Attention that has learned something*.
+
+    Args:
+        max_len: number of positions ``0 .. max_len - 1``.
+        d_model: width of each encoding (the model width).
+        base: the wavelength scale (10000 in the paper).
+        dtype: floating dtype of the result.
+        device: device of the result.
+
+    Returns:
+        Tensor of shape ``(max_len, d_model)`` with values in ``[-1, 1]``.
+
+    Raises:
+        TypeError: if ``max_len`` or ``d_model`` is not an int, or ``dtype`` not floating.
+        ValueError: if ``max_len`` or ``d_model`` is not positive, or ``base <= 1``.
+    """
+    max_len = _check_positive_int("max_len", max_len)
+    d_model = _check_positive_int("d_model", d_model)
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1.0:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    # Angles in float64, rounded once at the end, so every dtype gets its best values.
+    position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(d/2),)
+    omega = torch.exp(-math.log(base) * two_i / d_model)  # (ceil(d/2),)
+    angle = position * omega  # (L, ceil(d/2))
+    pe = torch.empty(max_len, d_model, dtype=torch.float64, device=device)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.to(dtype)  # (L, d_model)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds :func:`sinusoidal_positional_encoding` to a batch of embeddings.
+
+    The table is a non-trainable buffer (it moves with ``.to()`` but is not a
+    parameter, and is not saved in the ``state_dict``).
+
+    Explained in chapter 7, *Attention that has learned something*.
+
+    Args:
+        d_model: embedding width.
+        max_len: longest sequence the module accepts.
+        base: the wavelength scale (10000 in the paper).
+
+    Shapes:
+        - x: ``(B, L, d_model)`` with ``L <= max_len``
+        - output: ``(B, L, d_model)``, ``x + PE[:L]``
+    """
+
+    pe: Tensor
+
+    def __init__(self, d_model: int, max_len: int = 512, *, base: float = 10000.0) -> None:
+        super().__init__()
+        self.d_model = _check_positive_int("d_model", d_model)
+        self.max_len = _check_positive_int("max_len", max_len)
+        pe = sinusoidal_positional_encoding(max_len, d_model, base=base)  # (max_len, d)
+        self.register_buffer("pe", pe, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return ``x + PE[:L]`` for ``x`` of shape ``(B, L, d_model)``."""
+        x = _check_model_input(x, self.d_model)
+        length = x.shape[1]
+        if length > self.max_len:
+            raise ValueError(
+                f"x has sequence length {length}, longer than max_len={self.max_len} "
+                "of this positional encoding"
+            )
+        return x + self.pe[:length].to(x.dtype)  # (B, L, d) + (L, d) -> (B, L, d)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward block: ``Linear -> ReLU -> Dropout -> Linear``.
+
+    The same two-layer MLP is applied to every position separately (it never
+    mixes positions; only attention does). It widens each vector to ``d_ff``
+    (usually ``4 * d_model``), applies a ReLU and projects back. Parameters:
+    ``2 * d_model * d_ff + d_ff + d_model``.
+
+    Explained in chapter 7, *Attention that has learned something*.
+
+    Args:
+        d_model: input and output width.
+        d_ff: hidden width.
+        dropout: dropout probability after the ReLU (active in ``train()`` only).
+
+    Shapes:
+        - x: ``(..., d_model)``
+        - output: ``(..., d_model)``
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        _check_positive_int("d_model", d_model)
+        _check_positive_int("d_ff", d_ff)
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.activation = nn.ReLU()
+        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply the MLP to every position of ``x`` (``(..., d_model)``)."""
+        x = check_tensor("x", x, min_dim=1)
+        if x.shape[-1] != self.linear1.in_features:
+            raise ValueError(
+                f"x must have last dim d_model={self.linear1.in_features}, "
+                f"got shape {tuple(x.shape)}"
+            )
+        hidden = self.dropout(self.activation(self.linear1(x)))  # (..., d_ff)
+        return self.linear2(hidden)  # (..., d_model)
+
+
+class EncoderLayer(nn.Module):
+    """One pre-LN Transformer encoder layer.
+
+    .. code-block:: text
+
+        x = x + Dropout(SelfAttention(LayerNorm(x)))
+        x = x + Dropout(FeedForward(LayerNorm(x)))
+
+    The residual connections keep an unchanged copy of ``x`` flowing through the
+    layer, so each block only has to learn a *correction*. Normalising the
+    *input* of each block (pre-LN, rather than the output as in the original
+    post-LN Transformer) keeps that residual path free of normalisation, which
+    makes small models train stably without a learning-rate warm-up.
+
+    Explained in chapter 7, *Attention that has learned something*.
+
+    Args:
+        d_model: model width.
+        num_heads: number of attention heads (must divide ``d_model``).
+        d_ff: hidden width of the feed-forward block; defaults to ``4 * d_model``.
+        dropout: dropout on attention weights and after each block (``train()`` only).
+        backend: attention backend of the self-attention (see
+            :class:`~attention_lib.MultiHeadAttention`); ``need_weights=True``
+            always computes with the lib backend.
+
+    Shapes:
+        - x: ``(B, L, d_model)``
+        - mask: keep-mask broadcastable to ``(B, H, L, L)`` (``True`` = may attend),
+          e.g. ``padding_mask(lengths)`` of shape ``(B, 1, 1, L)``
+        - output: ``(B, L, d_model)``
+        - weights (with ``need_weights=True``): ``(B, H, L, L)``
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        *,
+        backend: str = "lib",
+    ) -> None:
+        super().__init__()
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        dropout = _check_dropout(dropout)
+        self.d_model = _check_positive_int("d_model", d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, backend=backend)
+        self.dropout1 = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Run the layer; with ``need_weights=True`` also return ``(B, H, L, L)`` weights.
+
+        Args:
+            x: ``(B, L, d_model)`` input.
+            mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
+            need_weights: also return the self-attention weights.
+
+        Returns:
+            ``output`` ``(B, L, d_model)``, or ``(output, weights)``.
+        """
+        x = _check_model_input(x, self.d_model)
+        h = self.norm1(x)  # (B, L, d)
+        if need_weights:
+            attn, weights = self.self_attn(h, h, h, mask, need_weights=True)  # (B, H, L, L)
+        else:
+            attn = self.self_attn(h, h, h, mask)  # (B, L, d)
+        x = x + self.dropout1(attn)
+        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
+        return (x, weights) if need_weights else x
+
+
+class Encoder(nn.Module):
+    """A stack of pre-LN :class:`EncoderLayer` s followed by a final ``LayerNorm``.
+
+    With pre-LN the residual stream itself is never normalised inside the
+    layers, so the stack ends with one ``LayerNorm`` before any head reads it.
+    Parameters: ``num_layers * (4 d^2 + 2 d d_ff + d_ff + 9 d) + 2 d`` for
+    ``d = d_model`` (see :meth:`num_parameters`).
+
+    Explained in chapter 7, *Attention that has learned something*.
+
+    Args:
+        d_model: model width.
+        num_heads: number of attention heads per layer.
+        num_layers: number of layers.
+        d_ff: hidden width of the feed-forward blocks; defaults to ``4 * d_model``.
+        dropout: dropout probability (``train()`` only).
+        backend: attention backend of every layer (see :class:`EncoderLayer`).
+
+    Shapes:
+        - x: ``(B, L, d_model)``
+        - mask: keep-mask broadcastable to ``(B, H, L, L)``
+        - output: ``(B, L, d_model)``
+        - weights (with ``need_weights=True``): ``(B, num_layers, H, L, L)``
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        *,
+        backend: str = "lib",
+    ) -> None:
+        super().__init__()
+        _check_positive_int("num_layers", num_layers)
+        self.d_model = _check_positive_int("d_model", d_model)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, num_heads, d_ff, dropout, backend=backend)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+
+    @staticmethod
+    def num_parameters(d_model: int, num_layers: int, d_ff: int | None = None) -> int:
+        """The exact number of parameters of ``Encoder(d_model, h, num_layers, d_ff)``.
+
+        Per layer: attention ``4 (d^2 + d)`` (W_q, W_k, W_v, W_o with biases),
+        feed-forward ``2 d d_ff + d_ff + d``, two LayerNorms ``2 * 2 d``; plus the
+        final LayerNorm ``2 d``. The number of heads does not matter: the heads
+        split ``d_model``, they do not add weights.
+        """
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        attention = 4 * (d_model * d_model + d_model)
+        feed_forward = 2 * d_model * d_ff + d_ff + d_model
+        layer_norms = 2 * (2 * d_model)
+        return num_layers * (attention + feed_forward + layer_norms) + 2 * d_model
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Run every layer; with ``need_weights=True`` also return all weights.
+
+        Args:
+            x: ``(B, L, d_model)`` input.
+            mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
+            need_weights: also return the attention weights of every layer.
+
+        Returns:
+            ``output`` ``(B, L, d_model)``, or ``(output, weights)`` with weights
+            of shape ``(B, num_layers, H, L, L)``.
+        """
+        all_weights = []
+        for layer in self.layers:
+            if need_weights:
+                x, weights = layer(x, mask, need_weights=True)  # (B, L, d), (B, H, L, L)
+                all_weights.append(weights)
+            else:
+                x = layer(x, mask)  # (B, L, d)
+        x = self.norm(x)
+        if not need_weights:
+            return x
+        return x, torch.stack(all_weights, dim=1)  # (B, num_layers, H, L, L)
+
+
+class TokenClassifier(nn.Module):
+    """Token embedding + positions + :class:`Encoder` + a linear head per position.
+
+    For sequence-to-sequence tasks in which output ``i`` is one class per input
+    position ``i`` (the toy tasks of :mod:`attention_lib.tasks`: reverse, sort,
+    shift). The embedding is not scaled by ``sqrt(d_model)``: ``nn.Embedding``
+    initialises it with unit variance, the same order as the encodings.
+
+    Explained in chapter 7, *Attention that has learned something*.
+
+    Args:
+        vocab_size: number of input token ids ``0 .. vocab_size - 1``.
+        num_classes: number of output classes; defaults to ``vocab_size``.
+        d_model: model width.
+        num_heads: attention heads per layer.
+        num_layers: encoder layers.
+        d_ff: feed-forward hidden width; defaults to ``4 * d_model``.
+        max_len: longest sequence accepted.
+        dropout: dropout probability (``train()`` only).
+        positional: ``"sinusoidal"`` (fixed encodings added to the embeddings),
+            ``"learned"`` (an ``nn.Embedding(max_len, d_model)`` added instead) or
+            ``None`` (no position information at all: the model is then
+            permutation-equivariant).
+        backend: attention backend of every layer (see :class:`EncoderLayer`).
+
+    Shapes:
+        - tokens: ``(B, L)`` integer ids, ``L <= max_len``
+        - mask: keep-mask broadcastable to ``(B, H, L, L)``, e.g. ``padding_mask(lengths)``
+        - logits: ``(B, L, num_classes)``
+        - weights (with ``need_weights=True``): ``(B, num_layers, H, L, L)``
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int | None = None,
+        *,
+        d_model: int = 64,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        d_ff: int | None = None,
+        max_len: int = 64,
+        dropout: float = 0.0,
+        positional: str | None = "sinusoidal",
+        backend: str = "lib",
+    ) -> None:
+        super().__init__()
+        if positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
+        self.vocab_size = _check_positive_int("vocab_size", vocab_size)
+        self.num_classes = _check_positive_int(
+            "num_classes", vocab_size if num_classes is None else num_classes
+        )
+        self.max_len = _check_positive_int("max_len", max_len)
+        self.positional = positional
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.position: nn.Module | None
+        if positional == "sinusoidal":
+            self.position = SinusoidalPositionalEncoding(d_model, max_len)
+        elif positional == "learned":
+            self.position = nn.Embedding(max_len, d_model)
+        else:
+            self.position = None
+        self.encoder = Encoder(d_model, num_heads, num_layers, d_ff, dropout, backend=backend)
+        self.head = nn.Linear(d_model, self.num_classes)
+
+    def forward(
+        self, tokens: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Classify every position of ``tokens``.
+
+        Args:
+            tokens: ``(B, L)`` integer token ids in ``[0, vocab_size)``.
+            mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
+            need_weights: also return the attention weights of every layer and head.
+
+        Returns:
+            ``logits`` ``(B, L, num_classes)``, or ``(logits, weights)`` with
+            weights of shape ``(B, num_layers, H, L, L)``.
+
+        Raises:
+            TypeError: if ``tokens`` is not an integer tensor.
+            ValueError: if ``tokens`` is not 2-D, is longer than ``max_len`` or
+                holds ids outside ``[0, vocab_size)``.
+        """
+        self._check_tokens(tokens)
+        x = self.embedding(tokens)  # (B, L, d)
+        if isinstance(self.position, SinusoidalPositionalEncoding):
+            x = self.position(x)
+        elif self.position is not None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)  # (L,)
+            x = x + self.position(positions)  # (B, L, d) + (L, d)
+        out = self.encoder(x, mask, need_weights=need_weights)
+        if not need_weights:
+            return self.head(out)  # (B, L, C)
+        hidden, weights = out
+        return self.head(hidden), weights  # (B, L, C), (B, layers, H, L, L)
+
+    def _check_tokens(self, tokens: object) -> None:
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}")
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor of ids, got dtype {tokens.dtype}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.max_len:
+            raise ValueError(
+                f"tokens has sequence length {tokens.shape[1]}, longer than "
+                f"max_len={self.max_len}"
+            )
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(
+                f"tokens must hold ids in [0, vocab_size={self.vocab_size}), got values in "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
