@@ -291,6 +291,8 @@ class SliderExplorer:
     def _build_widget(self) -> ipywidgets.VBox:
         import ipywidgets as w
 
+        # one description width for all sliders, so that their tracks line up
+        width = f"{0.6 * max(len(nm) for nm in self.names) + 0.5:.1f}em"
         self._sliders = [
             w.SelectionSlider(
                 options=[(_format_value(v), i) for i, v in enumerate(vals)],
@@ -298,16 +300,20 @@ class SliderExplorer:
                 description=nm,
                 readout=False,
                 continuous_update=True,
-                style={"description_width": "initial"},
+                style={"description_width": width},
                 layout=w.Layout(width="420px"),
             )
             for nm, vals in zip(self.names, self.values)
         ]
         self._label_widget = w.Label(value=self.frame_labels[0])
-        self._image = w.Image(value=self.frames[0], format="png")
+        self._image = w.Image(value=self.frames[0], format="png",
+                              layout=w.Layout(max_width="100%"))
         for slider in self._sliders:
             slider.observe(self._on_slider, names="value")
-        box = w.VBox([*self._sliders, self._label_widget, self._image])
+        # flex-start: children keep their natural width (the default "stretch"
+        # would scale the PNG up to the notebook's width and blur it)
+        box = w.VBox([*self._sliders, self._label_widget, self._image],
+                     layout=w.Layout(align_items="flex-start"))
         box.add_class("afs-explorer-live")
         return box
 
