@@ -52,7 +52,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     reference = nn.MultiheadAttention(args.d_model, args.heads, batch_first=True).eval()
