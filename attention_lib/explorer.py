@@ -243,9 +243,19 @@ class SliderExplorer:
         )
 
     def _render(self, idx: tuple[int, ...]) -> bytes:
+        """Call ``draw`` for the values at ``idx`` and return the figure as PNG bytes."""
+        import matplotlib.pyplot as plt
+
         args = tuple(vals[i] for vals, i in zip(self.values, idx))
         call = f"draw({', '.join(repr(a) for a in args)})"
-        return figure_to_png(_as_figure(self.draw(*args), call), self.dpi)
+        before = set(plt.get_fignums())
+        try:
+            return figure_to_png(_as_figure(self.draw(*args), call), self.dpi)
+        finally:
+            # Figures that draw opened and did not return (or opened before it
+            # failed) would otherwise be shown by the inline backend later.
+            for num in set(plt.get_fignums()) - before:
+                plt.close(num)
 
     # --------------------------------------------------------- kernel-free HTML
     def _build_html(self) -> str:

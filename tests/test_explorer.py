@@ -216,6 +216,21 @@ def test_figures_are_closed_and_axes_are_accepted():
     assert len(ex.frames) == 2 and plt.get_fignums() == []
 
 
+def test_figures_opened_by_a_failing_draw_are_closed():
+    def draw(v):
+        plt.figure()
+        if v == 2:
+            raise RuntimeError("draw broke")
+        return None
+
+    with pytest.raises(TypeError, match=r"draw\(1\) returned NoneType"):
+        explore("v", [1, 2], draw, dpi=DPI)
+    assert plt.get_fignums() == []
+    with pytest.raises(RuntimeError, match="draw broke"):
+        explore("v", [2], draw, dpi=DPI)
+    assert plt.get_fignums() == []
+
+
 def test_tensor_and_array_values_become_python_numbers():
     draw = Recorder()
     explore("t", torch.tensor([0.5, 2.0]), draw, dpi=DPI)
