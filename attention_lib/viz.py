@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+import numpy
 import torch
 from torch import Tensor
 
@@ -32,11 +32,11 @@ ANNOTATE_MAX_SIDE = 8
 _RANGE_TOL = 1e-4
 
 
-def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) -> np.ndarray:
+def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) -> numpy.ndarray:
     """Detach, move to the CPU and convert to a float32 numpy array of an allowed rank."""
     if isinstance(weights, Tensor):
         t = weights.detach()
-    elif isinstance(weights, np.ndarray):
+    elif isinstance(weights, numpy.ndarray):
         t = torch.from_numpy(weights)
     else:
         raise TypeError(
@@ -58,11 +58,11 @@ def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) ->
     return t.to(device="cpu", dtype=torch.float32).numpy()
 
 
-def _check_range(arr: np.ndarray, name: str, vmin: float, vmax: float) -> None:
+def _check_range(arr: numpy.ndarray, name: str, vmin: float, vmax: float) -> None:
     """Values outside the fixed colour scale would be clipped silently: refuse them."""
     if not vmin < vmax:
         raise ValueError(f"vmin must be < vmax, got vmin={vmin!r}, vmax={vmax!r}")
-    finite = arr[np.isfinite(arr)]
+    finite = arr[numpy.isfinite(arr)]
     if finite.size == 0:
         return
     lo, hi = float(finite.min()), float(finite.max())
@@ -114,7 +114,7 @@ def _set_ticks(ax: Axes, which: str, labels: list[str] | None, n: int) -> None:
 
 def _draw_heatmap(
     ax: Axes,
-    arr: np.ndarray,  # (Lq, Lk)
+    arr: numpy.ndarray,  # (Lq, Lk)
     query_tokens: list[str] | None,
     key_tokens: list[str] | None,
     *,
@@ -152,12 +152,18 @@ def _draw_heatmap(
 def _new_heatmap_axes(
     lq: int, lk: int, q_labels: list[str] | None, k_labels: list[str] | None,
     title: str | None, colorbar: bool,
-) -> tuple[Axes, Axes | None]:
+) -> tuple[Axes, Axes | None, tuple[float, float]]:
     """A new pyplot figure sized for the matrix, with margins computed from the labels.
 
-    The margins are estimated from label lengths instead of using a layout
-    engine: constrained layout measures every text several times and roughly
-    doubles the time of a redraw, which matters for live sliders.
+    The margins and the axis-label positions are estimated from the label
+    lengths instead of being measured: a layout engine (or matplotlib's
+    automatic axis-label placement) measures every tick label again on each
+    draw, which roughly doubles the time of a redraw; that matters for live
+    sliders.
+
+    Returns:
+        ``(ax, cax, (xlabel_y, ylabel_x))``: the heatmap axes, the colourbar axes
+        (or ``None``) and where the axis labels go, in axes coordinates.
     """
     import matplotlib.pyplot as plt
 
@@ -167,15 +173,18 @@ def _new_heatmap_axes(
     def pt(points: float) -> float:  # points to inches
         return points / 72.0
 
+    em = 0.65  # generous average glyph width, in font sizes
     x_fs, y_fs = _tick_fontsize(k_labels, lk), _tick_fontsize(q_labels, lq)
-    x_chars, y_chars = chars(k_labels, lk), chars(q_labels, lq)
     x_rot = _x_rotation(k_labels)
+    # tick length + pad (7 pt) + tick labels, in points
+    x_ticks = 7 + (x_fs * em * chars(k_labels, lk) if x_rot else x_fs * 1.25)
+    y_ticks = 7 + y_fs * em * chars(q_labels, lq)
     cell = min(0.45, 4.2 / max(lq, lk))  # inches per matrix cell: at most 4.2 in a side
     width, height = cell * lk, cell * lq
-    left = pt(y_fs * 0.62 * y_chars + 28)  # tick labels + pad + "queries"
-    bottom = pt((x_fs * 0.62 * x_chars if x_rot else x_fs * 1.2) + 28)  # tick labels + "keys"
-    top = pt(26 if title else 8)
-    right = pt(78 if colorbar else 8)  # pad + bar + "0.0" ticks + label
+    left = pt(y_ticks + 18)  # + "queries"
+    bottom = pt(x_ticks + 18)  # + "keys"
+    top = pt(22 if title else 8)
+    right = pt(70 if colorbar else 8)  # pad + bar + "0.5" tick labels + "weight"
     fig_w, fig_h = left + width + right, bottom + height + top
     fig = plt.figure(figsize=(fig_w, fig_h))
     ax = fig.add_axes((left / fig_w, bottom / fig_h, width / fig_w, height / fig_h))
@@ -183,11 +192,12 @@ def _new_heatmap_axes(
     if colorbar:
         cax = fig.add_axes(((left + width + pt(10)) / fig_w, bottom / fig_h, pt(10) / fig_w,
                             height / fig_h), label="<colorbar>")
-    return ax, cax
+    coords = (-pt(x_ticks + 2) / height, -pt(y_ticks + 2) / width)
+    return ax, cax, coords
 
 
 def attention_heatmap(
-    weights: Tensor | np.ndarray,
+    weights: Tensor | numpy.ndarray,
     query_tokens: Sequence[Any] | None = None,
     key_tokens: Sequence[Any] | None = None,
     *,
@@ -240,17 +250,21 @@ def attention_heatmap(
     k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (column of weights)")
     if annotate is None:
         annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
-    cax = None
+    cax, coords = None, None
     if ax is None:
-        ax, cax = _new_heatmap_axes(lq, lk, q_labels, k_labels, title, colorbar)
+        ax, cax, coords = _new_heatmap_axes(lq, lk, q_labels, k_labels, title, colorbar)
     image = _draw_heatmap(ax, arr, q_labels, k_labels, annotate=bool(annotate),
                           vmin=vmin, vmax=vmax, cmap=cmap, fmt=fmt)
+    if coords is not None:  # fixed positions: no measuring of tick labels per draw
+        ax.xaxis.set_label_coords(0.5, coords[0])
+        ax.yaxis.set_label_coords(coords[1], 0.5)
     if title is not None:
         ax.set_title(title, fontsize=10)
     if colorbar:
         fig = ax.get_figure()
         if cax is not None:
             bar = fig.colorbar(image, cax=cax, label="weight")
+            cax.yaxis.set_label_coords(4.4, 0.5)  # right of the "0.5" tick labels
         else:  # caller's axes: take the space from them
             bar = fig.colorbar(image, ax=ax, label="weight", shrink=0.9)
         bar.set_ticks([vmin, vmin + 0.5 * (vmax - vmin), vmax])
@@ -268,7 +282,7 @@ def _check_titles(titles: Sequence[Any] | None, name: str, length: int, what: st
 
 
 def attention_grid(
-    weights: Tensor | np.ndarray,
+    weights: Tensor | numpy.ndarray,
     query_tokens: Sequence[Any] | None = None,
     key_tokens: Sequence[Any] | None = None,
     *,
