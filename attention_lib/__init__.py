@@ -35,6 +35,14 @@ from .viz import attention_grid, attention_heatmap  # noqa: E402
 __all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer"]
 
 # --- efficient attention: online softmax and tiled attention (chapter 8)
+from .tiled import (  # noqa: E402
+    OnlineSoftmaxState,
+    online_softmax,
+    online_softmax_update,
+    tiled_attention,
+)
+
+__all__ += ["online_softmax", "online_softmax_update", "OnlineSoftmaxState", "tiled_attention"]
 
 # --- a small Transformer encoder and a toy task (chapter 7)
 from .encoder import (  # noqa: E402

@@ -1,0 +1,419 @@
+"""Tiled attention with an online softmax: attention without the score matrix.
+
+Naive attention builds the whole ``(Lq, Lk)`` score matrix, so its memory grows
+as ``Lq * Lk``. The *online softmax* (Milakov & Gimelshein, 2018) keeps, for
+every query row, a running maximum ``m``, a running sum ``l`` of exponentials and
+a running, un-normalised output ``acc``; when a new block of keys raises the
+maximum, the old sum and output are rescaled by ``exp(m_old - m_new)``. Attention
+can then walk over the keys block by block and only ever holds one
+``(block_q, block_k)`` tile of scores (Rabe & Staats, 2021; FlashAttention, Dao
+et al., 2022).
+
+This is the same algorithm as a FlashAttention kernel, written with ordinary
+PyTorch ops: a teaching model of the forward pass, not a fused GPU kernel.
+
+Explained in chapter 8, *Efficient attention*.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import check_bool, check_dropout_p, check_qkv, check_scale
+from .masks import as_keep_mask
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "OnlineSoftmaxState",
+    "online_softmax",
+    "online_softmax_update",
+    "tiled_attention",
+    "tiled_backend",
+]
+
+#: Default ``(block_q, block_k)`` of :func:`tiled_attention`: a ``(B*H, 256, 256)``
+#: float32 score tile is 2 MiB for 8 heads, small enough to stay in the CPU's
+#: caches and large enough that each matmul does real work (chosen with
+#: ``benchmarks/bench_tiled.py``).
+DEFAULT_BLOCK_SIZE: tuple[int, int] = (256, 256)
+
+_NEG_INF = float("-inf")
+
+
+class OnlineSoftmaxState(NamedTuple):
+    """What the online softmax remembers about every query row between blocks.
+
+    Explained in chapter 8, *Efficient attention*.
+
+    Attributes:
+        row_max: ``(..., Lq, 1)`` running maximum ``m`` of the scores seen so far
+            (``-inf`` for a row that has seen no key yet).
+        row_sum: ``(..., Lq, 1)`` running sum ``l = sum_j exp(s_j - m)``.
+        acc: ``(..., Lq, d_v)`` running un-normalised output
+            ``sum_j exp(s_j - m) v_j``.
+    """
+
+    row_max: Tensor
+    row_sum: Tensor
+    acc: Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        leading_shape: tuple[int, ...],
+        q_len: int,
+        d_v: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> OnlineSoftmaxState:
+        """The state before any key was seen: ``m = -inf``, ``l = 0``, ``acc = 0``.
+
+        Args:
+            leading_shape: the batch/head dims ``...``.
+            q_len: number of query rows ``Lq``.
+            d_v: width of the values.
+            dtype: floating dtype of the state.
+            device: device of the state.
+
+        Returns:
+            The initial state.
+        """
+        row_max = torch.full((*leading_shape, q_len, 1), _NEG_INF, dtype=dtype, device=device)
+        row_sum = torch.zeros((*leading_shape, q_len, 1), dtype=dtype, device=device)
+        acc = torch.zeros((*leading_shape, q_len, d_v), dtype=dtype, device=device)
+        return cls(row_max, row_sum, acc)
+
+    def output(self) -> Tensor:
+        """The normalised output ``acc / l``, shape ``(..., Lq, d_v)``.
+
+        A row that saw no key at all (every key masked) has ``l = 0`` and
+        ``acc = 0``; its output is zero, not ``0 / 0 = NaN``, as in
+        :func:`~attention_lib.scaled_dot_product_attention`.
+        """
+        # l >= 1 for every row that saw a key (its maximum contributes exp(0) = 1).
+        denominator = self.row_sum.masked_fill(self.row_sum == 0, 1.0)  # (..., Lq, 1)
+        return self.acc / denominator  # (..., Lq, d_v)
+
+
+def online_softmax_update(
+    state: OnlineSoftmaxState,
+    scores: Tensor,
+    value: Tensor,
+    *,
+    dropout_p: float = 0.0,
+    inplace: bool = False,
+) -> OnlineSoftmaxState:
+    r"""Fold one block of keys into the online-softmax state.
+
+    With the block's scores :math:`s_j` (already scaled; ``-inf`` = masked) and
+    values :math:`v_j`:
+
+    .. math::
+
+        m' = \max(m, \max_j s_j), \quad
+        l' = e^{m - m'} l + \sum_j e^{s_j - m'}, \quad
+        \mathrm{acc}' = e^{m - m'} \mathrm{acc} + \sum_j e^{s_j - m'} v_j .
+
+    Explained in chapter 8, *Efficient attention*.
+
+    Args:
+        state: the state after the previous blocks (start with
+            :meth:`OnlineSoftmaxState.empty`).
+        scores: ``(..., Lq, block_k)`` scaled scores of this block; ``-inf``
+            marks a masked query/key pair.
+        value: ``(..., block_k, d_v)`` values of this block.
+        dropout_p: dropout on the attention weights of this block (the weights
+            are zeroed and rescaled after the row sum is taken, so the
+            normalisation is the one without dropout, as in FlashAttention).
+        inplace: overwrite ``scores``, ``state.row_sum`` and ``state.acc``
+            instead of allocating new tensors (faster, less memory; only when no
+            gradient is needed).
+
+    Returns:
+        The new state.
+
+    Shapes:
+        - state: ``row_max``/``row_sum`` ``(..., Lq, 1)``, ``acc`` ``(..., Lq, d_v)``
+        - scores: ``(..., Lq, block_k)``
+        - value: ``(..., block_k, d_v)``
+    """
+    row_max, row_sum, acc = state
+    new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1)
+    # A row that has seen no key yet still has m = -inf; exp(-inf - (-inf)) would
+    # be NaN, so shift such rows by 0 instead (their exponentials are all 0).
+    shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # (..., Lq, 1)
+    rescale = torch.exp(row_max - shift)  # (..., Lq, 1); 0 on the first block
+    if inplace:
+        weights = scores.sub_(shift).exp_()  # (..., Lq, block_k), un-normalised
+        row_sum = row_sum.mul_(rescale).add_(weights.sum(dim=-1, keepdim=True))
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p, training=True)
+        acc = acc.mul_(rescale)
+        if acc.dim() == 3:
+            acc = acc.baddbmm_(weights, value)  # (N, Lq, d_v), fused multiply-add
+        else:
+            acc = acc.add_(weights @ value)  # (..., Lq, d_v)
+    else:
+        weights = torch.exp(scores - shift)  # (..., Lq, block_k), un-normalised
+        row_sum = row_sum * rescale + weights.sum(dim=-1, keepdim=True)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p, training=True)
+        acc = acc * rescale + weights @ value  # (..., Lq, d_v)
+    return OnlineSoftmaxState(new_max, row_sum, acc)
+
+
+def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
+    """Softmax that reads ``x`` in blocks along ``dim`` with a running max and sum.
+
+    One pass over the blocks finds the maximum ``m`` and the normaliser
+    ``l = sum exp(x - m)`` together (rescaling ``l`` whenever ``m`` grows); a
+    second pass writes ``exp(x - m) / l``. The result equals ``torch.softmax``
+    (also its ``NaN`` for a row that is ``-inf`` everywhere).
+
+    Explained in chapter 8, *Efficient attention* (softmax itself: chapter 3).
+
+    Args:
+        x: floating tensor.
+        dim: the dimension to normalise over.
+        block_size: how many entries of ``dim`` to read at a time.
+
+    Returns:
+        Tensor of the shape of ``x`` whose slices along ``dim`` sum to 1.
+
+    Raises:
+        TypeError: if ``x`` is not a floating tensor or ``block_size`` not an int.
+        ValueError: if ``block_size < 1`` or ``dim`` is out of range.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {_type_name(x)}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least 1 dim, got a 0-dim tensor")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim() - 1}], got {dim!r}")
+    block_size = _check_positive_int("block_size", block_size)
+
+    shape = list(x.shape)
+    shape[dim] = 1
+    row_max = x.new_full(shape, _NEG_INF)  # running maximum m
+    row_sum = x.new_zeros(shape)  # running sum l of exp(x - m)
+    for block in x.split(block_size, dim=dim):
+        new_max = torch.maximum(row_max, block.amax(dim=dim, keepdim=True))
+        shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)
+        row_sum = row_sum * torch.exp(row_max - shift) + torch.exp(block - shift).sum(
+            dim=dim, keepdim=True
+        )
+        row_max = new_max
+    return torch.exp(x - row_max) / row_sum
+
+
+def tiled_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
+) -> Tensor:
+    r"""Scaled dot-product attention computed tile by tile with an online softmax.
+
+    Gives the output of ``softmax(Q K^T * scale) V`` (as
+    ``F.scaled_dot_product_attention`` and
+    :func:`~attention_lib.scaled_dot_product_attention`) without ever building
+    the ``(Lq, Lk)`` score matrix: the queries are cut into blocks of
+    ``block_q`` rows and, for each, the keys/values into blocks of ``block_k``;
+    only one ``(block_q, block_k)`` tile of scores exists at a time, so the extra
+    memory is ``O(block_q * block_k + Lq * d_v)`` per batch/head instead of
+    ``O(Lq * Lk)``.
+
+    With ``is_causal=True`` query ``i`` sees keys ``0 .. i`` (the top-left
+    alignment of ``F.scaled_dot_product_attention(is_causal=True)`` and
+    :func:`~attention_lib.causal_mask`, also for ``Lq != Lk``); key blocks that
+    lie entirely above the diagonal are skipped, not computed and masked, and
+    only the tiles that the diagonal crosses are masked. With that alignment
+    every query sees key 0, so no causal row is empty. A query row whose keys
+    are *all* removed by ``mask`` gets a zero output, never ``NaN`` (as the lib
+    SDPA and torch >= 2.5), and ``Lk = 0`` gives zeros (as torch).
+
+    Without gradients (e.g. under ``torch.no_grad()``/``torch.inference_mode()``
+    or for inputs that do not require grad) the tiles are updated in place. If
+    an input requires grad, out-of-place ops are used so that autograd works;
+    autograd then stores every tile for the backward pass, so the memory saving
+    is for the forward pass only (a real kernel recomputes the tiles in the
+    backward pass instead; see chapter 8).
+
+    Explained in chapter 8, *Efficient attention*.
+
+    Args:
+        query: ``(..., Lq, d_k)`` floating tensor.
+        key: ``(..., Lk, d_k)`` tensor with the dtype and device of ``query``.
+        value: ``(..., Lk, d_v)`` tensor with the dtype and device of ``query``.
+        mask: optional keep-mask broadcastable to ``(..., Lq, Lk)``: bool
+            (``True`` = may attend) or 0/1 integer/float (``0`` = masked), as in
+            :func:`~attention_lib.scaled_dot_product_attention`; it is read one
+            tile at a time.
+        dropout_p: dropout probability on the attention weights (0 = none).
+        is_causal: if ``True``, query ``i`` may attend only to keys ``0 .. i``.
+        scale: multiplier of the scores; defaults to ``1 / sqrt(d_k)``.
+        block_size: ``(block_q, block_k)``, or one int for both: how many query
+            rows and key columns one score tile has.
+
+    Returns:
+        ``output`` of shape ``(..., Lq, d_v)`` (only the output: the weights are
+        never formed), the leading dims ``...`` being those of ``query``,
+        ``key`` and ``value`` broadcast together. float16/bfloat16 inputs are
+        computed in float32 and the output cast back.
+
+    Raises:
+        TypeError: if ``query``/``key``/``value`` are not floating tensors of
+            one dtype, ``mask`` has an unsupported type or dtype, ``is_causal``
+            is not a bool or ``block_size`` is not an int or a pair of ints.
+        ValueError: on a ``d_k`` mismatch between query and key, an ``Lk``
+            mismatch between key and value, leading dims or a mask that do not
+            broadcast, a numeric mask that is not 0/1, tensors on different
+            devices, ``dropout_p`` outside ``[0, 1)``, a non-positive ``scale`` or
+            a block size below 1.
+
+    Shapes:
+        - query: ``(..., Lq, d_k)``
+        - key: ``(..., Lk, d_k)``
+        - value: ``(..., Lk, d_v)``
+        - mask: broadcastable to ``(..., Lq, Lk)``
+        - output: ``(..., Lq, d_v)``
+    """
+    batch_shape = check_qkv(query, key, value)  # the broadcast leading dims "..."
+    check_dropout_p(dropout_p)
+    check_scale(scale)
+    check_bool("is_causal", is_causal)
+    block_q, block_k = _check_block_size(block_size)
+    q_len, k_len, d_k, d_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
+    # The user's mask (causal masking is done tile by tile below, never as a full matrix).
+    keep = as_keep_mask(mask, q_len, k_len, batch_shape=batch_shape, device=query.device)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+
+    out_dtype = query.dtype
+    dtype = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    inplace = not (
+        torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad or value.requires_grad)
+    )
+
+    # Flatten the broadcast leading dims into one batch dim so that every tile is
+    # one batched matmul (bmm) over all batches and heads at once.
+    n = math.prod(batch_shape)
+    q = (query.to(dtype) * scale).expand(*batch_shape, q_len, d_k).reshape(n, q_len, d_k)  # (N, Lq, d_k)
+    k = key.to(dtype).expand(*batch_shape, k_len, d_k).reshape(n, k_len, d_k)  # (N, Lk, d_k)
+    v = value.to(dtype).expand(*batch_shape, k_len, d_v).reshape(n, k_len, d_v)  # (N, Lk, d_v)
+    k_t = k.transpose(1, 2)  # (N, d_k, Lk), a view
+    if keep is not None:
+        keep = keep.expand(*batch_shape, q_len, k_len)  # a view, no copy
+
+    out = q.new_empty(n, q_len, d_v)  # (N, Lq, d_v)
+    for q_start in range(0, q_len, block_q):
+        q_end = min(q_start + block_q, q_len)
+        q_block = q[:, q_start:q_end]  # (N, bq, d_k)
+        state = OnlineSoftmaxState.empty((n,), q_end - q_start, d_v, dtype=dtype, device=q.device)
+        # Causal: query i sees keys j <= i, so keys from q_end on are never seen by
+        # this query block -- those tiles are skipped entirely.
+        k_stop = min(k_len, q_end) if is_causal else k_len
+        for k_start in range(0, k_stop, block_k):
+            k_end = min(k_start + block_k, k_stop)
+            scores = torch.bmm(q_block, k_t[:, :, k_start:k_end])  # (N, bq, bk)
+            if is_causal and k_end - 1 > q_start:
+                # The diagonal crosses this tile: hide key j > query i.
+                hidden = _causal_hidden(q_start, q_end, k_start, k_end, q.device)  # (bq, bk)
+                scores = _hide(scores, hidden, inplace)
+            if keep is not None:
+                tile_keep = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view
+                scores = _hide(scores, ~tile_keep.reshape(n, q_end - q_start, -1), inplace)
+            state = online_softmax_update(
+                state, scores, v[:, k_start:k_end], dropout_p=dropout_p, inplace=inplace
+            )
+        out[:, q_start:q_end] = state.output()  # (N, bq, d_v)
+    return out.reshape(*batch_shape, q_len, d_v).to(out_dtype)  # (..., Lq, d_v)
+
+
+def tiled_backend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    """The ``"tiled"`` attention backend: :func:`tiled_attention` with its
+    default block size, for ``MultiHeadAttention(..., backend="tiled")``.
+
+    Explained in chapter 8, *Efficient attention* (backends: chapter 6).
+
+    Args:
+        q: ``(..., Lq, d_k)`` queries.
+        k: ``(..., Lk, d_k)`` keys.
+        v: ``(..., Lk, d_v)`` values.
+        mask: keep-mask broadcastable to ``(..., Lq, Lk)`` or ``None``.
+        dropout_p: dropout on the weights.
+        is_causal: apply the causal mask.
+        scale: score multiplier, default ``1 / sqrt(d_k)``.
+
+    Returns:
+        ``(..., Lq, d_v)`` output.
+
+    Raises:
+        TypeError, ValueError: on bad input, as :func:`tiled_attention`.
+    """
+    return tiled_attention(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+
+def _causal_hidden(
+    q_start: int, q_end: int, k_start: int, k_end: int, device: torch.device
+) -> Tensor:
+    """Bool ``(q_end - q_start, k_end - k_start)``: ``True`` where key ``j > i``."""
+    rows = torch.arange(q_start, q_end, device=device).unsqueeze(1)  # (bq, 1)
+    cols = torch.arange(k_start, k_end, device=device)  # (bk,)
+    return cols > rows  # (bq, bk)
+
+
+def _hide(scores: Tensor, hidden: Tensor, inplace: bool) -> Tensor:
+    """Set the scores of hidden query/key pairs to ``-inf``."""
+    if inplace:
+        return scores.masked_fill_(hidden, _NEG_INF)
+    return scores.masked_fill(hidden, _NEG_INF)
+
+
+def _type_name(x: object) -> str:
+    return f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _check_block_size(block_size: object) -> tuple[int, int]:
+    """``block_size`` is an int ``>= 1`` or a pair ``(block_q, block_k)`` of them."""
+    if isinstance(block_size, tuple) and len(block_size) == 2:
+        return (
+            _check_positive_int("block_size[0] (block_q)", block_size[0]),
+            _check_positive_int("block_size[1] (block_k)", block_size[1]),
+        )
+    if isinstance(block_size, int) and not isinstance(block_size, bool):
+        size = _check_positive_int("block_size", block_size)
+        return size, size
+    raise TypeError(
+        "block_size must be an int >= 1 or a tuple (block_q, block_k) of two ints, "
+        f"got {type(block_size).__name__} {block_size!r}"
+    )

@@ -1,0 +1,461 @@
+"""Tests for attention_lib.tiled: online softmax, tiled_attention and the "tiled" backend.
+
+Oracles: ``torch.softmax``, ``F.scaled_dot_product_attention`` and this package's
+``scaled_dot_product_attention``. Speed and memory targets are measured in
+``benchmarks/bench_tiled.py``, not here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
+
+from attention_lib import (
+    MultiHeadAttention,
+    OnlineSoftmaxState,
+    available_backends,
+    get_backend,
+    online_softmax,
+    online_softmax_update,
+    scaled_dot_product_attention,
+    tiled_attention,
+)
+from attention_lib.tiled import DEFAULT_BLOCK_SIZE, tiled_backend
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """The tensors here are small: intra-op threads only add synchronisation
+    overhead on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def qkv(batch, lq, lk, d_k, d_v, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, lq, d_k, generator=gen, dtype=dtype)
+    k = torch.randn(*batch, lk, d_k, generator=gen, dtype=dtype)
+    v = torch.randn(*batch, lk, d_v, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+# --------------------------------------------------------------------------- online softmax
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 7, 100])
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+def test_online_softmax_equals_torch_softmax(block_size, dim) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 9, 5, dtype=torch.float64) * 10  # large spread: the max moves often
+    torch.testing.assert_close(
+        online_softmax(x, dim, block_size=block_size), torch.softmax(x, dim), atol=1e-12, rtol=0
+    )
+
+
+def test_online_softmax_extreme_values_and_inf() -> None:
+    x = torch.tensor([[1000.0, -1000.0, 999.0, 0.0], [-5.0, float("-inf"), 3.0, float("-inf")]])
+    torch.testing.assert_close(online_softmax(x, block_size=1), torch.softmax(x, -1))
+    assert torch.isfinite(online_softmax(x, block_size=1)).all()
+    # A row that is -inf everywhere: torch.softmax gives NaN, and so does online_softmax.
+    row = torch.full((1, 4), float("-inf"))
+    assert torch.isnan(torch.softmax(row, -1)).all() and torch.isnan(online_softmax(row)).all()
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,exc,match",
+    [
+        (([1.0, 2.0],), {}, TypeError, r"x must be a floating-point torch.Tensor, got list"),
+        ((torch.arange(3),), {}, TypeError, r"x must be a floating-point torch.Tensor, got dtype torch.int64"),
+        ((torch.tensor(1.0),), {}, ValueError, r"x must have at least 1 dim"),
+        ((torch.randn(2, 3), 2), {}, ValueError, r"dim must be an int in \[-2, 1\], got 2"),
+        ((torch.randn(2, 3),), {"block_size": 0}, ValueError, r"block_size must be an int >= 1, got 0"),
+        ((torch.randn(2, 3),), {"block_size": 2.0}, TypeError, r"block_size must be an int >= 1, got float"),
+    ],
+)
+def test_online_softmax_bad_input(args, kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        online_softmax(*args, **kwargs)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_online_softmax_update_by_hand(inplace) -> None:
+    """Folding key blocks one at a time gives softmax(scores) @ value."""
+    torch.manual_seed(1)
+    scores = torch.randn(3, 6, 10, dtype=torch.float64) * 5
+    value = torch.randn(3, 10, 4, dtype=torch.float64)
+    state = OnlineSoftmaxState.empty((3,), 6, 4, dtype=torch.float64)
+    assert state.row_max.shape == (3, 6, 1) and torch.isinf(state.row_max).all()
+    assert state.row_sum.shape == (3, 6, 1) and state.acc.shape == (3, 6, 4)
+    for start in range(0, 10, 4):  # blocks of 4, 4, 2 keys
+        block = scores[..., start : start + 4].clone()
+        state = online_softmax_update(state, block, value[:, start : start + 4], inplace=inplace)
+    expected = torch.softmax(scores, -1) @ value
+    torch.testing.assert_close(state.output(), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(state.row_max, scores.amax(-1, keepdim=True))
+    torch.testing.assert_close(
+        state.row_sum, torch.exp(scores - scores.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+    )
+
+
+def test_online_softmax_update_unseen_rows_stay_zero() -> None:
+    """A row whose scores are all -inf so far: no NaN in the state, zero output."""
+    scores = torch.tensor([[[float("-inf"), float("-inf")], [0.5, float("-inf")]]])  # (1, 2, 2)
+    value = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
+    state = online_softmax_update(OnlineSoftmaxState.empty((1,), 2, 2, dtype=torch.float32), scores, value)
+    assert not torch.isnan(state.row_sum).any() and not torch.isnan(state.acc).any()
+    torch.testing.assert_close(state.output(), torch.tensor([[[0.0, 0.0], [1.0, 2.0]]]))
+
+
+# --------------------------------------------------------------------------- tiled attention
+
+
+@st.composite
+def tiled_case(draw):
+    batch = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
+    lq, lk = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    d_k, d_v = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    block = draw(
+        st.one_of(
+            st.integers(1, 48),
+            st.tuples(st.integers(1, 48), st.integers(1, 48)),
+        )
+    )
+    return batch, lq, lk, d_k, d_v, block, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@settings(max_examples=60, deadline=None)
+@given(case=tiled_case())
+def test_parity_with_torch_sdpa_random_shapes(case, dtype) -> None:
+    batch, lq, lk, d_k, d_v, block, is_causal, seed = case
+    q, k, v = qkv(batch, lq, lk, d_k, d_v, dtype, seed)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    out = tiled_attention(q, k, v, is_causal=is_causal, block_size=block)
+    assert out.shape == expected.shape and out.dtype == dtype
+    assert max_err(out, expected) <= TOL[dtype], (case, max_err(out, expected))
+
+
+LENGTHS = [(1, 1), (97, 97), (97, 31), (31, 97), (128, 128), (130, 257)]
+BLOCKS = [16, (32, 8), (8, 64), 1000, DEFAULT_BLOCK_SIZE]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize(
+    "lq,lk,block_size",
+    [(lq, lk, b) for lq, lk in LENGTHS for b in BLOCKS] + [(1, 1, 1), (13, 7, 1), (7, 13, 1)],
+)
+def test_parity_odd_lengths_and_block_sizes(dtype, is_causal, lq, lk, block_size) -> None:
+    q, k, v = qkv((2, 3), lq, lk, 16, 8, dtype, seed=lq * 1000 + lk)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    out = tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
+    assert max_err(out, expected) <= TOL[dtype]
+
+
+def test_scale_is_used() -> None:
+    q, k, v = qkv((2,), 9, 11, 4, 3, torch.float64)
+    for scale in (0.05, 1.0, 3.0):
+        torch.testing.assert_close(
+            tiled_attention(q, k, v, scale=scale, block_size=4),
+            F.scaled_dot_product_attention(q, k, v, scale=scale),
+            atol=1e-10,
+            rtol=0,
+        )
+    # default = 1 / sqrt(d_k)
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=4), tiled_attention(q, k, v, scale=0.5, block_size=4)
+    )
+
+
+@pytest.mark.parametrize(
+    "q_batch,k_batch,v_batch",
+    [((2, 3), (1, 3), (3,)), ((), (), ()), ((4,), (), (4,)), ((2, 1, 3), (1, 2, 1), (2, 2, 3))],
+)
+def test_leading_dims_broadcast_like_sdpa(q_batch, k_batch, v_batch) -> None:
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(*q_batch, 7, 5, generator=gen, dtype=torch.float64)
+    k = torch.randn(*k_batch, 9, 5, generator=gen, dtype=torch.float64)
+    v = torch.randn(*v_batch, 9, 2, generator=gen, dtype=torch.float64)
+    for is_causal in (False, True):
+        expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        out = tiled_attention(q, k, v, is_causal=is_causal, block_size=(3, 4))
+        assert out.shape == expected.shape
+        assert max_err(out, expected) <= 1e-10
+
+
+def test_non_contiguous_inputs() -> None:
+    q, k, v = qkv((2, 9), 3, 3, 4, 4, torch.float64)  # (2, 9, 3, 4): L in dim 1
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (2, 3, 9, 4), non-contiguous
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert max_err(tiled_attention(q, k, v, is_causal=True, block_size=4), expected) <= 1e-10
+
+
+def test_empty_lengths_follow_torch() -> None:
+    q, k, v = qkv((2, 3), 5, 0, 4, 6)
+    for is_causal in (False, True):
+        expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        out = tiled_attention(q, k, v, is_causal=is_causal, block_size=2)
+        assert out.shape == expected.shape == (2, 3, 5, 6)
+        torch.testing.assert_close(out, expected)  # zeros, as torch: no key -> zero output
+    q, k, v = qkv((2, 3), 0, 5, 4, 6)
+    assert tiled_attention(q, k, v, is_causal=True).shape == (2, 3, 0, 6)
+
+
+@pytest.mark.parametrize("lq,lk", [(12, 5), (5, 12), (8, 8)])
+def test_causal_alignment_top_left(lq, lk) -> None:
+    """Query i sees keys j <= i, as torch.ones(Lq, Lk).tril(): the same as an explicit mask."""
+    q, k, v = qkv((2,), lq, lk, 4, 3, torch.float64, seed=5)
+    explicit = torch.ones(lq, lk, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=explicit)
+    out = tiled_attention(q, k, v, is_causal=True, block_size=(4, 3))
+    assert max_err(out, expected) <= 1e-10
+    assert torch.isfinite(out).all()  # every query sees key 0: no empty causal row
+
+
+class _RecordOps(TorchFunctionMode):
+    """Records the shape of every tensor a torch function returns, and the bmm calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+        self.bmm_calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.bmm:
+            self.bmm_calls += 1
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_never_materializes_the_score_matrix(is_causal) -> None:
+    lq, lk, block = 64, 80, (16, 8)
+    q, k, v = qkv((2, 3), lq, lk, 4, 4)
+    with _RecordOps() as rec:
+        tiled_attention(q, k, v, is_causal=is_causal, block_size=block)
+    biggest = max(math.prod(s) for s in rec.shapes)
+    # Largest tensors: the (B*H, L, 4) queries/keys/values/output; a tile is (B*H, 16, 8).
+    assert biggest <= 6 * max(lq, lk) * 4 < 6 * lq * lk, rec.shapes
+    assert all(s[-2:] != (lq, lk) for s in rec.shapes if len(s) >= 2)
+    # and the naive computation does make it (the recorder can see it)
+    with _RecordOps() as rec_naive:
+        scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    assert any(s[-2:] == (lq, lk) for s in rec_naive.shapes if len(s) >= 2)
+
+
+@pytest.mark.parametrize(
+    "lq,lk,block,causal_tiles",
+    [
+        (64, 64, 16, 4 + 3 + 2 + 1),  # square: the lower triangle of a 4x4 tile grid
+        (64, 64, (16, 32), 1 + 1 + 2 + 2),
+        (10, 30, (4, 4), 1 + 2 + 3),  # Lq < Lk: keys from Lq on are never visible
+        (30, 10, (8, 4), 2 + 3 + 3 + 3),  # Lq > Lk: late queries see all keys
+    ],
+)
+def test_causal_skips_tiles_above_the_diagonal(lq, lk, block, causal_tiles) -> None:
+    q, k, v = qkv((2,), lq, lk, 4, 4)
+    block_q, block_k = (block, block) if isinstance(block, int) else block
+    with _RecordOps() as rec:
+        tiled_attention(q, k, v, block_size=block)
+    assert rec.bmm_calls == math.ceil(lq / block_q) * math.ceil(lk / block_k)
+    with _RecordOps() as rec:
+        out = tiled_attention(q, k, v, is_causal=True, block_size=block)
+    assert rec.bmm_calls == causal_tiles
+    assert max_err(out, F.scaled_dot_product_attention(q, k, v, is_causal=True)) <= 1e-5
+
+
+@pytest.mark.parametrize("mask_kind", ["full", "padding", "row_broadcast", "float01", "int01"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_keep_mask_matches_lib_sdpa(mask_kind, is_causal) -> None:
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = qkv((2, 3), 13, 17, 5, 4, torch.float64, seed=11)
+    if mask_kind == "padding":
+        mask = torch.arange(17) < torch.tensor([17, 6]).view(2, 1, 1, 1)  # (2, 1, 1, 17)
+    elif mask_kind == "row_broadcast":
+        mask = torch.rand(13, 1, generator=gen) > 0.3  # (13, 1): some rows fully masked
+    else:
+        mask = torch.rand(2, 1, 13, 17, generator=gen) > 0.5
+        mask[0, 0, 4] = False  # a fully masked row
+        if mask_kind == "float01":
+            mask = mask.double()
+        elif mask_kind == "int01":
+            mask = mask.long()
+    expected, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal)
+    out = tiled_attention(q, k, v, mask, is_causal=is_causal, block_size=(4, 5))
+    assert torch.isfinite(out).all()
+    assert max_err(out, expected) <= 1e-10
+
+
+def test_fully_masked_rows_give_zeros_not_nan() -> None:
+    q, k, v = qkv((1,), 4, 6, 3, 2, torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[2] = False
+    out = tiled_attention(q, k, v, mask, block_size=2)
+    torch.testing.assert_close(out[:, 2], torch.zeros(1, 2, dtype=torch.float64))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def test_inputs_not_modified_and_inference_mode() -> None:
+    q, k, v = qkv((2, 2), 19, 23, 4, 4)
+    copies = [t.clone() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.inference_mode():
+        out = tiled_attention(q, k, v, is_causal=True, block_size=5)
+    for t, c in zip((q, k, v), copies):
+        assert torch.equal(t, c)
+    assert max_err(out, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gradients_match_torch(is_causal) -> None:
+    q, k, v = qkv((2, 2), 11, 9, 4, 3, torch.float64, seed=2)
+    mine = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    grad_out = torch.randn(2, 2, 11, 3, dtype=torch.float64)
+    tiled_attention(*mine, is_causal=is_causal, block_size=(4, 3)).backward(grad_out)
+    F.scaled_dot_product_attention(*ref, is_causal=is_causal).backward(grad_out)
+    for a, b in zip(mine, ref):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=0)
+
+
+def test_gradcheck_fp64() -> None:
+    q, k, v = (t.requires_grad_() for t in qkv((1,), 5, 4, 3, 2, torch.float64, seed=4))
+    mask = torch.tensor([[1, 1, 0, 1]] * 5, dtype=torch.bool)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: tiled_attention(q, k, v, mask, is_causal=True, block_size=2), (q, k, v)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_computed_in_float32(dtype) -> None:
+    q, k, v = qkv((2, 2), 33, 33, 16, 8)
+    out = tiled_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, block_size=8)
+    assert out.dtype == dtype
+    expected = F.scaled_dot_product_attention(q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), is_causal=True)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-3
+    assert max_err(out.float(), expected) <= tol
+
+
+def test_dropout() -> None:
+    q, k, v = qkv((1,), 4, 6, 3, 1, torch.float64, seed=9)
+    v = v.abs() + 1.0  # positive values: dropping a weight always lowers the output
+    exact = tiled_attention(q, k, v, block_size=2)
+    torch.manual_seed(0)
+    first = tiled_attention(q, k, v, dropout_p=0.5, block_size=2)
+    torch.manual_seed(0)
+    again = tiled_attention(q, k, v, dropout_p=0.5, block_size=2)
+    assert torch.equal(first, again)  # reproducible under a seed
+    assert not torch.allclose(first, exact)
+    # Dropout is unbiased: zeroed weights, survivors scaled by 1 / (1 - p).
+    torch.manual_seed(1)
+    mean = torch.stack([tiled_attention(q, k, v, dropout_p=0.5, block_size=2) for _ in range(4000)]).mean(0)
+    torch.testing.assert_close(mean, exact, atol=0.05, rtol=0.05)
+
+
+# --------------------------------------------------------------------------- bad input
+
+Q = torch.randn(2, 5, 4)
+K = torch.randn(2, 6, 4)
+V = torch.randn(2, 6, 3)
+
+SHARED_BAD_INPUT = [
+    ((Q.long(), K, V), {}),
+    ((Q, K.int(), V), {}),
+    ((Q, K, V.bool()), {}),
+    (([1.0], K, V), {}),
+    ((Q, K, V.double()), {}),
+    ((Q, torch.randn(2, 6, 5), V), {}),
+    ((Q, K, torch.randn(2, 7, 3)), {}),
+    ((Q, torch.randn(3, 6, 4), torch.randn(3, 6, 3)), {}),
+    ((Q, K, V, torch.ones(5, 7, dtype=torch.bool)), {}),
+    ((Q, K, V, torch.full((5, 6), float("-inf"))), {}),
+    ((Q, K, V, [[True]]), {}),
+    ((Q, K, V), {"dropout_p": 1.0}),
+    ((Q, K, V), {"scale": 0.0}),
+    ((Q, K, V), {"scale": -1.0}),
+    ((Q, K, V), {"is_causal": "yes"}),
+    ((Q, K, V), {"is_causal": 1}),
+    ((torch.randn(5), K, V), {}),
+]
+
+
+@pytest.mark.parametrize("args,kwargs", SHARED_BAD_INPUT)
+def test_bad_input_same_errors_as_core_sdpa(args, kwargs) -> None:
+    with pytest.raises((TypeError, ValueError)) as core:
+        scaled_dot_product_attention(*args, **kwargs)
+    with pytest.raises(core.type) as tiled:
+        tiled_attention(*args, **kwargs)
+    assert str(tiled.value) == str(core.value)
+
+
+@pytest.mark.parametrize(
+    "block_size,exc,match",
+    [
+        (0, ValueError, r"block_size must be an int >= 1, got 0"),
+        ((4, 0), ValueError, r"block_size\[1\] \(block_k\) must be an int >= 1, got 0"),
+        ((-1, 4), ValueError, r"block_size\[0\] \(block_q\) must be an int >= 1, got -1"),
+        (2.5, TypeError, r"block_size must be an int >= 1 or a tuple \(block_q, block_k\) .* got float 2.5"),
+        ((4, 4, 4), TypeError, r"block_size must be an int >= 1 or a tuple .* got tuple \(4, 4, 4\)"),
+        ((4, 2.0), TypeError, r"block_size\[1\] \(block_k\) must be an int >= 1, got float 2.0"),
+        (True, TypeError, r"block_size must be an int >= 1 or a tuple .* got bool True"),
+        ([4, 4], TypeError, r"got list \[4, 4\]"),
+    ],
+)
+def test_bad_block_size(block_size, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        tiled_attention(Q, K, V, block_size=block_size)
+
+
+# --------------------------------------------------------------------------- backend / MHA
+
+
+def test_tiled_backend_registered() -> None:
+    assert "tiled" in available_backends()
+    assert get_backend("tiled") is tiled_backend
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_multi_head_attention_tiled_backend_equals_lib_and_torch(is_causal, use_mask) -> None:
+    torch.manual_seed(0)
+    lib = MultiHeadAttention(32, 4, backend="lib", dtype=torch.float64).eval()
+    tiled = MultiHeadAttention(32, 4, backend="tiled", dtype=torch.float64).eval()
+    fused = MultiHeadAttention(32, 4, backend="torch", dtype=torch.float64).eval()
+    tiled.load_state_dict(lib.state_dict())
+    fused.load_state_dict(lib.state_dict())
+    x = torch.randn(3, 300, 32, dtype=torch.float64)  # 300 > the default block: several tiles
+    mask = (torch.arange(300) < torch.tensor([300, 120, 7]).view(3, 1, 1, 1)) if use_mask else None
+    expected = lib(x, x, x, mask, is_causal=is_causal)
+    out = tiled(x, x, x, mask, is_causal=is_causal)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+    torch.testing.assert_close(out, fused(x, x, x, mask, is_causal=is_causal), atol=1e-10, rtol=0)
+
+
+def test_multi_head_attention_tiled_backend_trains() -> None:
+    torch.manual_seed(0)
+    lib = MultiHeadAttention(16, 2, backend="lib", dtype=torch.float64)
+    tiled = MultiHeadAttention(16, 2, backend="tiled", dtype=torch.float64)
+    tiled.load_state_dict(lib.state_dict())
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    lib(x, x, x, is_causal=True).square().sum().backward()
+    tiled(x, x, x, is_causal=True).square().sum().backward()
+    for (name, a), (_, b) in zip(lib.named_parameters(), tiled.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-10, rtol=0, msg=name)
