@@ -352,7 +352,9 @@ class SliderExplorer:
         return f"SliderExplorer({self.names[0]} x {self.names[1]}: {n1} x {n2} = {n1 * n2} frames)"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        view = self.widget._repr_mimebundle_()[WIDGET_VIEW_MIME]
+        # Written out rather than taken from the widget's own bundle, which
+        # ipywidgets 7 (e.g. a Colab runtime) does not have.
+        view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
         return {WIDGET_VIEW_MIME: view, "text/html": self._html, "text/plain": repr(self)}
 
 
