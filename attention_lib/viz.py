@@ -21,6 +21,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
@@ -75,6 +76,20 @@ def _check_range(arr: numpy.ndarray, name: str, vmin: float, vmax: float) -> Non
         )
 
 
+def _check_style(cmap: str, fmt: str) -> Colormap:
+    """Validate the colour map name and annotation format before any figure exists."""
+    import matplotlib
+
+    if not isinstance(cmap, str) or cmap not in matplotlib.colormaps:
+        raise ValueError(f"cmap must be a matplotlib colour map name, got {cmap!r}")
+    try:
+        format(0.5, fmt)
+    except (TypeError, ValueError):
+        raise ValueError(f"fmt must be a float format spec such as '.2f', got {fmt!r}") from None
+    # NaN cells (e.g. a fully masked row of a naive softmax) are drawn light grey.
+    return matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
+
+
 def _check_tokens(tokens: Sequence[Any] | None, name: str, length: int, axis: str) -> list[str] | None:
     if tokens is None:
         return None
@@ -121,19 +136,13 @@ def _draw_heatmap(
     annotate: bool,
     vmin: float,
     vmax: float,
-    cmap: str,
+    cmap: Colormap,
     fmt: str,
     annot_size: float = 8.0,
 ) -> AxesImage:
     """Draw one (Lq, Lk) matrix on ``ax``; shared by the single heatmap and the grid."""
     lq, lk = arr.shape
-    import matplotlib
-
-    if cmap not in matplotlib.colormaps:
-        raise ValueError(f"cmap must be a matplotlib colour map name, got {cmap!r}")
-    # NaN cells (e.g. a fully masked row of a naive softmax) are drawn light grey.
-    colours = matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
-    image = ax.imshow(arr, cmap=colours, vmin=vmin, vmax=vmax, aspect="equal",
+    image = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",
                       interpolation="nearest")
     _set_ticks(ax, "x", key_tokens, lk)
     _set_ticks(ax, "y", query_tokens, lq)
@@ -246,6 +255,7 @@ def attention_heatmap(
     arr = _to_numpy(weights, "weights", (2,), "(Lq, Lk)")  # (Lq, Lk)
     lq, lk = arr.shape
     _check_range(arr, "weights", vmin, vmax)
+    colours = _check_style(cmap, fmt)
     q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (row of weights)")
     k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (column of weights)")
     if annotate is None:
@@ -254,7 +264,7 @@ def attention_heatmap(
     if ax is None:
         ax, cax, coords = _new_heatmap_axes(lq, lk, q_labels, k_labels, title, colorbar)
     image = _draw_heatmap(ax, arr, q_labels, k_labels, annotate=bool(annotate),
-                          vmin=vmin, vmax=vmax, cmap=cmap, fmt=fmt)
+                          vmin=vmin, vmax=vmax, cmap=colours, fmt=fmt)
     if coords is not None:  # fixed positions: no measuring of tick labels per draw
         ax.xaxis.set_label_coords(0.5, coords[0])
         ax.yaxis.set_label_coords(coords[1], 0.5)
@@ -339,6 +349,7 @@ def attention_grid(
     """
     arr = _to_numpy(weights, "weights", (3, 4), "(H, Lq, Lk) or (layers, H, Lq, Lk)")
     _check_range(arr, "weights", vmin, vmax)
+    colours = _check_style(cmap, fmt)
     four_d = arr.ndim == 4
     if not four_d:
         if row_titles is not None:
@@ -374,7 +385,7 @@ def attention_grid(
         r, c = divmod(k, ncols)
         ax = axes[r, c]
         image = _draw_heatmap(ax, arr[l, h], q_labels, k_labels, annotate=bool(annotate),
-                              vmin=vmin, vmax=vmax, cmap=cmap, fmt=fmt,
+                              vmin=vmin, vmax=vmax, cmap=colours, fmt=fmt,
                               annot_size=7.0 if max(lq, lk) <= 6 else 6.0)
         ax.set_title(f"{layers[l]}, {heads[h]}" if four_d else heads[h], fontsize=10)
         # Shared labels: only the left column keeps query labels, and only a panel

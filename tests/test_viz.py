@@ -121,11 +121,13 @@ def test_heatmap_custom_scale_for_scores():
         (_weights(2, 2), {"vmin": 1.0, "vmax": 0.0}, ValueError, r"vmin must be < vmax"),
         (torch.ones(2, 2, dtype=torch.complex64), {}, TypeError, r"real-valued"),
         (_weights(2, 2), {"cmap": "no-such-map"}, ValueError, r"cmap must be a matplotlib colour map name, got 'no-such-map'"),
+        (_weights(2, 2), {"fmt": "%d"}, ValueError, r"fmt must be a float format spec such as '.2f', got '%d'"),
     ],
 )
 def test_heatmap_rejects_bad_input(weights, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         attention_heatmap(weights, **kwargs)
+    assert plt.get_fignums() == []  # rejected before any figure was opened
 
 
 def test_grid_three_d_one_panel_per_head_shared_scale():
@@ -172,8 +174,10 @@ def test_grid_wraps_heads_and_hides_unused_cells():
         (_weights(2, 3, 3), {"key_tokens": ["a"]}, r"key_tokens .*expected 3 labels, got 1"),
         (_weights(2, 3, 3), {"max_cols": 0}, r"max_cols must be an int >= 1"),
         (_weights(2, 3, 3) * 2, {}, r"outside the colour scale"),
+        (_weights(2, 3, 3), {"cmap": "nope"}, r"cmap must be a matplotlib colour map name"),
     ],
 )
 def test_grid_rejects_bad_input(weights, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         attention_grid(weights, **kwargs)
+    assert plt.get_fignums() == []
