@@ -113,3 +113,16 @@ def test_torch_backend_dropout_and_bad_input() -> None:
         torch_backend(q, q[..., :4], q, None, dropout_p=0.0, is_causal=False, scale=None)
     with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) does not broadcast"):
         torch_backend(q, q, q, torch.ones(3, 4, dtype=torch.bool), dropout_p=0.0, is_causal=False, scale=None)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_mha_tiled_backend_matches_lib(is_causal) -> None:
+    """Chapter 8's tiled attention plugs into MultiHeadAttention like the others."""
+    assert "tiled" in available_backends()
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(16, 4, backend="tiled", dtype=torch.float64).eval()
+    x, mem = torch.randn(2, 9, 16, dtype=torch.float64), torch.randn(2, 11, 16, dtype=torch.float64)
+    mask = torch.rand(2, 1, 9, 11) > 0.3
+    tiled = mha(x, mem, mem, mask, is_causal=is_causal)
+    mha.backend = "lib"
+    torch.testing.assert_close(tiled, mha(x, mem, mem, mask, is_causal=is_causal), atol=1e-10, rtol=1e-10)
