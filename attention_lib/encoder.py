@@ -1,16 +1,19 @@
-"""A small pre-LN Transformer encoder built from :class:`MultiHeadAttention`.
+"""A small pre-LN Transformer encoder built from
+:class:`~attention_lib.MultiHeadAttention`.
 
 The pieces, in the order in which chapter 7 introduces them:
 
-* :func:`sinusoidal_positional_encoding` and :class:`SinusoidalPositionalEncoding`:
-  self-attention alone is permutation-equivariant, so the position of each token
-  has to be added to its embedding;
-* :class:`FeedForward`: the position-wise two-layer MLP of every layer;
-* :class:`EncoderLayer`: self-attention and feed-forward blocks, each wrapped as
-  ``x + block(LayerNorm(x))`` (pre-LN);
-* :class:`Encoder`: a stack of layers and a final ``LayerNorm``;
-* :class:`TokenClassifier`: embedding + positions + encoder + a linear head that
-  predicts one class per position (the toy tasks of :mod:`attention_lib.tasks`).
+* :func:`~attention_lib.sinusoidal_positional_encoding` and
+  :class:`~attention_lib.SinusoidalPositionalEncoding`: self-attention alone is
+  permutation-equivariant, so the position of each token has to be added to its
+  embedding;
+* :class:`~attention_lib.FeedForward`: the position-wise two-layer MLP of every layer;
+* :class:`~attention_lib.EncoderLayer`: self-attention and feed-forward blocks, each
+  wrapped as ``x + block(LayerNorm(x))`` (pre-LN);
+* :class:`~attention_lib.Encoder`: a stack of layers and a final ``LayerNorm``;
+* :class:`~attention_lib.TokenClassifier`: embedding + positions + encoder + a linear
+  head that predicts one class per position (the toy tasks of
+  :mod:`attention_lib.tasks`).
 
 Every forward pass can return the attention weights of every layer and head,
 stacked as ``(B, num_layers, H, L, L)``, ready for

@@ -197,3 +197,11 @@ def test_training_bad_input() -> None:
         train_token_classifier(model, x, y[:4], steps=1, generator=gen(0))
     with pytest.raises(TypeError, match="inputs must be an integer tensor"):
         train_token_classifier(model, x.float(), y, steps=1, generator=gen(0))
+
+
+def test_training_progress_bar_outside_a_notebook(capsys: pytest.CaptureFixture[str]) -> None:
+    model = TokenClassifier(4, d_model=8, num_heads=2, max_len=5)
+    x, y = make_task_data("reverse", 8, 5, 4, generator=gen(0))
+    history = train_token_classifier(model, x, y, steps=3, batch_size=4, generator=gen(0), progress=True)
+    assert history.steps == [3]
+    assert "training: 100%" in capsys.readouterr().err
