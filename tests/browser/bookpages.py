@@ -1,0 +1,87 @@
+"""What the browser suite reads: the book's pages (from `_toc.yml`) and its settings.
+
+Shared by conftest.py and the test modules. Environment overrides, for debugging the suite
+against another build only: AFS_BOOK_DIR (folder with `_toc.yml`/`_config.yml` and the
+sources), AFS_HTML_DIR (the built HTML), AFS_CHROMIUM (browser executable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from book_urls import load_config, source_suffix, toc_entries  # noqa: E402
+
+BOOK_DIR = Path(os.environ.get("AFS_BOOK_DIR", ROOT))
+HTML_DIR = Path(os.environ.get("AFS_HTML_DIR", BOOK_DIR / "_build" / "html"))
+FAILURES = ROOT / "_build" / "browser-failures"
+CHROMIUM = os.environ.get("AFS_CHROMIUM", "/usr/bin/chromium")
+
+PAGES = toc_entries(BOOK_DIR / "_toc.yml")
+CONFIG = load_config(BOOK_DIR / "_config.yml")
+
+
+def suffix_of(docname: str) -> str:
+    return source_suffix(docname, BOOK_DIR)
+
+
+def source_path(docname: str) -> Path:
+    return BOOK_DIR / f"{docname}{suffix_of(docname)}"
+
+
+NOTEBOOK_PAGES = [d for d in PAGES if suffix_of(d) == ".ipynb"]
+
+
+def built_html(docname: str) -> str:
+    """The built page's HTML as a file ("" if it was not built)."""
+    path = HTML_DIR / f"{docname}.html"
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def pages_with_sliders() -> list[str]:
+    """TOC pages whose built HTML contains a kernel-free slider explorer."""
+    return [d for d in PAGES if 'class="afs-explorer"' in built_html(d)]
+
+
+def source_title(docname: str) -> str:
+    """The text of the page's H1 in its source (notebook or Markdown)."""
+    path = source_path(docname)
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    else:
+        text = path.read_text()
+    match = re.search(r"^# (.+)$", text, re.M)
+    assert match, f"{path.name} has no H1"
+    return match.group(1)
+
+
+def is_placeholder(docname: str) -> bool:
+    return "PLACEHOLDER" in source_path(docname).read_text()
+
+
+@dataclass
+class Tab:
+    """A page of the book in a fresh browser context, with what went wrong on it."""
+
+    page: object  # playwright.sync_api.Page
+    base_url: str
+    blocked: list[str] = field(default_factory=list)
+    console_errors: list[tuple[str, str]] = field(default_factory=list)  # (text, source url)
+    page_errors: list[str] = field(default_factory=list)
+    response: object = None  # of the first load, for pages loaded once per session
+
+    def url(self, docname: str) -> str:
+        return f"{self.base_url}{docname}.html"
+
+    def open(self, docname: str, query: str = ""):
+        response = self.page.goto(self.url(docname) + query, wait_until="load")
+        assert response is not None, f"no response for {docname}"
+        return response

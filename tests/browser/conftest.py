@@ -1,0 +1,191 @@
+"""Headless Chromium reading the built book the way an offline reader would.
+
+The built HTML (`_build/html`, made by `make build-strict`) is served by `http.server` on
+127.0.0.1 in a thread; every request to any other host is aborted and recorded. Each test
+gets a fresh browser context; on failure its page is saved as a screenshot under
+`_build/browser-failures/`. Which pages exist is read from `_toc.yml`, and which sliders
+exist from the built pages, so the suite follows the book as chapters land.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from bookpages import CHROMIUM, FAILURES, HTML_DIR, NOTEBOOK_PAGES, PAGES, Tab
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+TIMEOUT_MS = 15_000
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # `docname`: every page of _toc.yml; `notebook`: every notebook page of it.
+    if "docname" in metafunc.fixturenames:
+        metafunc.parametrize("docname", PAGES)
+    if "notebook" in metafunc.fixturenames:
+        metafunc.parametrize("notebook", NOTEBOOK_PAGES)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_failure_screenshots() -> None:
+    """Screenshots of an earlier run would mislead: start every run with none."""
+    shutil.rmtree(FAILURES, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def html_dir() -> Path:
+    if not (HTML_DIR / "index.html").exists():
+        pytest.fail(f"{HTML_DIR} has no index.html: build the book first (`make build-strict`)")
+    return HTML_DIR
+
+
+@pytest.fixture(scope="session")
+def base_url(html_dir: Path) -> Iterator[str]:
+    handler = functools.partial(_QuietHandler, directory=str(html_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`apt-get install chromium`)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def _new_tab(context, base_url: str) -> Tab:
+    """A new page whose requests to other hosts are aborted and recorded."""
+    local = urlparse(base_url).netloc
+    page = context.new_page()
+    tab = Tab(page=page, base_url=base_url)
+
+    def route(r) -> None:
+        url = r.request.url
+        if urlparse(url).netloc == local or url.startswith(("data:", "blob:", "about:")):
+            r.continue_()
+        else:  # an offline reader gets nothing from other hosts
+            tab.blocked.append(url)
+            r.abort()
+
+    def console(msg) -> None:
+        if msg.type == "error":
+            tab.console_errors.append((msg.text, msg.location.get("url", "")))
+
+    page.route("**/*", route)
+    page.on("console", console)
+    page.on("pageerror", lambda exc: tab.page_errors.append(getattr(exc, "message", str(exc))))
+    return tab
+
+
+def _new_context(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    context.set_default_timeout(TIMEOUT_MS)
+    return context
+
+
+FULL_PAGE_SHOTS = 10  # then only the viewport: a full long page takes seconds to capture
+_shots_taken = 0
+
+
+def _screenshot_on_failure(request: pytest.FixtureRequest, tabs: list[Tab]) -> None:
+    global _shots_taken
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or not rep.failed:
+        return
+    FAILURES.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid.split("::", 1)[-1]).strip("_")
+    for i, tab in enumerate(tabs):
+        shot = FAILURES / (f"{name}.png" if len(tabs) == 1 else f"{name}-{i}.png")
+        _shots_taken += 1
+        try:
+            tab.page.screenshot(path=str(shot), full_page=_shots_taken <= FULL_PAGE_SHOTS)
+            print(f"screenshot saved: {shot}")
+        except Exception as exc:  # a crashed page must not hide the real failure
+            print(f"no screenshot for {name}: {exc}")
+
+
+@pytest.fixture
+def tab(browser, base_url: str, request: pytest.FixtureRequest) -> Iterator[Tab]:
+    """A fresh page in a fresh context, for tests that click, type or move things."""
+    context = _new_context(browser)
+    tab = _new_tab(context, base_url)
+    try:
+        yield tab
+    finally:
+        _screenshot_on_failure(request, [tab])
+        context.close()
+
+
+@pytest.fixture(scope="session")
+def _loaded_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Tab]]]:
+    context = _new_context(browser)
+    try:
+        yield context, {}
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def loaded(base_url: str, _loaded_pages: tuple[object, dict[str, Tab]],
+           request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+    """`loaded(docname)`: the page as first loaded (once per session), for read-only checks.
+
+    Loading every page once instead of once per test keeps the suite fast; tests that
+    change a page (open menus, move sliders) use `tab` instead.
+    """
+    context, cache = _loaded_pages
+    used: list[Tab] = []
+
+    def get(docname: str) -> Tab:
+        if docname not in cache:
+            tab = _new_tab(context, base_url)
+            tab.response = tab.open(docname)
+            tab.page.wait_for_timeout(300)  # late errors of deferred and async scripts
+            cache[docname] = tab
+        tab = cache[docname]
+        tab.page.bring_to_front()  # background tabs get no animation frames: clicks would crawl
+        used.append(tab)
+        return tab
+
+    yield get
+    _screenshot_on_failure(request, used)

@@ -1,0 +1,106 @@
+"""The kernel-free slider explorers (attention_lib.explorer) work in the built book.
+
+Each `.afs-explorer` holds one `input.afs-slider[data-param]` per parameter, one
+`.afs-label` ("name = value", or "a = 1, b = 2") and one `img.afs-frame` per combination,
+of which exactly one is shown. A reader moves a slider with the keyboard or the mouse;
+the shown frame and the label must follow, with no kernel and no network.
+"""
+
+from __future__ import annotations
+
+import pytest
+from allowed_errors import problems
+from bookpages import HTML_DIR, PAGES, Tab, built_html, pages_with_sliders
+from bs4 import BeautifulSoup
+
+SLIDER_PAGES = pages_with_sliders()
+
+# The explorer's state as the reader sees it: the label and the frames that are visible.
+STATE_JS = """(ex) => {
+    const hash = (s) => { let h = 5381; for (let i = 0; i < s.length; i++) h = (h * 33 + s.charCodeAt(i)) | 0; return h; };
+    const shown = [...ex.querySelectorAll('img.afs-frame')].filter(f => {
+        const r = f.getBoundingClientRect();
+        return getComputedStyle(f).display !== 'none' && f.offsetParent !== null && r.width > 0 && r.height > 0;
+    });
+    return {
+        label: ex.querySelector('.afs-label').textContent.trim(),
+        shown: shown.map(f => ({index: f.dataset.index, alt: f.alt, src: hash(f.src),
+                                natural: f.naturalWidth * f.naturalHeight})),
+    };
+}"""
+
+
+def test_the_book_has_a_static_slider() -> None:
+    assert (HTML_DIR / "index.html").exists(), f"{HTML_DIR} is not built"
+    assert SLIDER_PAGES, (
+        "no page of the built book has a kernel-free slider (.afs-explorer); chapter 1 "
+        f"should have one. Pages: {PAGES}"
+    )
+
+
+@pytest.mark.parametrize("slider_page", SLIDER_PAGES)
+def test_slider_html_is_complete(slider_page: str) -> None:
+    soup = BeautifulSoup(built_html(slider_page), "html.parser")
+    for ex in soup.select(".afs-explorer"):
+        sliders = ex.select("input.afs-slider[data-param]")
+        frames = ex.select("img.afs-frame")
+        assert sliders and len(ex.select(".afs-label")) == 1
+        n = 1
+        for s in sliders:
+            assert s["type"] == "range" and int(s["min"]) == 0
+            n *= int(s["max"]) + 1
+        assert len(frames) == n >= 2, f"{slider_page}: {len(frames)} frames for {n} slider positions"
+        assert all(f["src"].startswith("data:image/png;base64,") for f in frames)
+        # Nothing in the explorer reaches for another host.
+        assert "http://" not in str(ex) and "https://" not in str(ex)
+
+
+def check_state(state: dict, where: str) -> dict:
+    assert len(state["shown"]) == 1, f"{where}: {len(state['shown'])} frames shown instead of 1"
+    frame = state["shown"][0]
+    assert frame["natural"] > 0, f"{where}: the shown frame did not decode"
+    assert state["label"] == frame["alt"], f"{where}: label {state['label']!r} vs frame {frame['alt']!r}"
+    return frame
+
+
+@pytest.mark.parametrize("slider_page", SLIDER_PAGES)
+def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -> None:
+    tab.open(slider_page)
+    page = tab.page
+    explorers = page.locator(".afs-explorer")
+    assert explorers.count() >= 1
+    for e in range(explorers.count()):
+        ex = explorers.nth(e)
+        ex.scroll_into_view_if_needed()
+        sliders = ex.locator("input.afs-slider[data-param]")
+        for s in range(sliders.count()):
+            slider = sliders.nth(s)
+            param = slider.get_attribute("data-param")
+            last = int(slider.get_attribute("max"))
+            where = f"{slider_page} explorer {e} slider {param!r}"
+            state = ex.evaluate(STATE_JS)
+            check_state(state, where)
+            sources = {state["shown"][0]["src"]}
+            # Keyboard: the reader tabs to the slider and presses the right arrow to the end.
+            slider.focus()
+            for step in range(1, last + 1):
+                before = state
+                page.keyboard.press("ArrowRight")
+                assert slider.input_value() == str(step), f"{where}: arrow key did not move it"
+                state = ex.evaluate(STATE_JS)
+                frame = check_state(state, f"{where} at {step}")
+                assert frame["index"] != before["shown"][0]["index"], f"{where}: same frame at {step}"
+                assert state["label"] != before["label"], f"{where}: label stuck at {state['label']!r}"
+                assert f"{param} = " in state["label"], f"{where}: label {state['label']!r}"
+                sources.add(frame["src"])
+            assert len(sources) >= 2, f"{where}: every position shows the same picture"
+            # Mouse: a click at the left end of the track takes it back to the first value.
+            box = slider.bounding_box()
+            before = state
+            page.mouse.click(box["x"] + 2, box["y"] + box["height"] / 2)
+            assert slider.input_value() == "0", f"{where}: a click on the track did not move it"
+            state = ex.evaluate(STATE_JS)
+            frame = check_state(state, f"{where} after click")
+            assert frame["index"] != before["shown"][0]["index"]
+            assert state["label"] != before["label"]
+    assert not problems(tab), problems(tab)
