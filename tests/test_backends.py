@@ -11,15 +11,6 @@ from attention_lib import backends
 from attention_lib.backends import lib_backend, torch_backend
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads only add overhead, and on a busy
-    2-core machine their synchronisation made this file several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_registry_names() -> None:
     names = available_backends()

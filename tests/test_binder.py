@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
@@ -21,6 +22,7 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # Tools that build or test the book; a reader on Binder does not need them.
 NOT_ON_BINDER = {
     "jupyter-book",
+    "sphinx-mathjax-offline",
     "nbval",
     "pytest",
     "hypothesis",
@@ -47,7 +49,7 @@ def requirements(path: Path) -> dict[str, Requirement]:
         if line.startswith("-"):
             continue
         req = Requirement(line)
-        reqs[req.name.lower()] = req
+        reqs[canonicalize_name(req.name)] = req
     return reqs
 
 

@@ -9,15 +9,6 @@ import torch.nn.functional as F
 from attention_lib import as_keep_mask, causal_mask, masked_softmax, padding_mask
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads only add overhead, and on a busy
-    2-core machine their synchronisation made this file several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (4, 4), (3, 6), (6, 3), (0, 2), (2, 0)])
 def test_causal_mask_matches_torch_is_causal(q_len: int, k_len: int) -> None:

@@ -11,15 +11,6 @@ from torch import nn
 from attention_lib import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads only add overhead, and on a busy
-    2-core machine their synchronisation made this file several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 D_MODEL, HEADS = 16, 4
 DEVICES = [
     "cpu",

@@ -13,15 +13,6 @@ from hypothesis import strategies as st
 from attention_lib import causal_mask, scaled_dot_product_attention
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads only add overhead, and on a busy
-    2-core machine their synchronisation made this file several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 DEVICES = [
     "cpu",

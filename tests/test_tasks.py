@@ -149,16 +149,8 @@ def test_token_accuracy_counts_positions_and_restores_the_mode() -> None:
         token_accuracy(model, x, y[:, :4])
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train fastest (and reproducibly) on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
-
-def test_training_solves_a_tiny_task_deterministically(one_thread: None) -> None:
+def test_training_solves_a_tiny_task_deterministically() -> None:
     x, y = make_task_data("reverse", 512, 5, 4, generator=gen(4))
     x_test, y_test = make_task_data("reverse", 128, 5, 4, generator=gen(5))
 
