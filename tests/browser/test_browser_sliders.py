@@ -78,6 +78,7 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
             param = slider.get_attribute("data-param")
             last = int(slider.get_attribute("max"))
             where = f"{slider_page} explorer {e} slider {param!r}"
+            assert last >= 1, f"{where} has a single value: nothing to explore"
             state = ex.evaluate(STATE_JS)
             check_state(state, where)
             sources = {state["shown"][0]["src"]}
