@@ -93,34 +93,44 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     setattr(item, f"rep_{report.when}", report)
 
 
-def _new_tab(context, base_url: str) -> Tab:
-    """A new page whose requests to other hosts are aborted and recorded."""
+def _new_context(browser, base_url: str):
+    """A browser context that aborts, and records per page, every request to another host."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    context.set_default_timeout(TIMEOUT_MS)
     local = urlparse(base_url).netloc
-    page = context.new_page()
-    tab = Tab(page=page, base_url=base_url)
+    context.tabs = {}  # Page -> Tab
 
     def route(r) -> None:
         url = r.request.url
         if urlparse(url).netloc == local or url.startswith(("data:", "blob:", "about:")):
             r.continue_()
-        else:  # an offline reader gets nothing from other hosts
+            return
+        # An offline reader gets nothing from other hosts.
+        try:
+            owners = [context.tabs[r.request.frame.page]]
+        except Exception:  # no page to blame (a worker, a closed frame): blame them all
+            owners = list(context.tabs.values())
+        for tab in owners:
             tab.blocked.append(url)
-            r.abort()
+        r.abort()
+
+    context.route("**/*", route)
+    return context
+
+
+def _new_tab(context, base_url: str) -> Tab:
+    """A new page of `context`, recording its console errors and uncaught exceptions."""
+    page = context.new_page()
+    tab = Tab(page=page, base_url=base_url)
+    context.tabs[page] = tab
 
     def console(msg) -> None:
         if msg.type == "error":
             tab.console_errors.append((msg.text, msg.location.get("url", "")))
 
-    page.route("**/*", route)
     page.on("console", console)
     page.on("pageerror", lambda exc: tab.page_errors.append(getattr(exc, "message", str(exc))))
     return tab
-
-
-def _new_context(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
-    context.set_default_timeout(TIMEOUT_MS)
-    return context
 
 
 FULL_PAGE_SHOTS = 10  # then only the viewport: a full long page takes seconds to capture
@@ -147,7 +157,7 @@ def _screenshot_on_failure(request: pytest.FixtureRequest, tabs: list[Tab]) -> N
 @pytest.fixture
 def tab(browser, base_url: str, request: pytest.FixtureRequest) -> Iterator[Tab]:
     """A fresh page in a fresh context, for tests that click, type or move things."""
-    context = _new_context(browser)
+    context = _new_context(browser, base_url)
     tab = _new_tab(context, base_url)
     try:
         yield tab
@@ -158,7 +168,7 @@ def tab(browser, base_url: str, request: pytest.FixtureRequest) -> Iterator[Tab]
 
 @pytest.fixture(scope="session")
 def _loaded_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Tab]]]:
-    context = _new_context(browser)
+    context = _new_context(browser, base_url)
     try:
         yield context, {}
     finally:
