@@ -75,9 +75,8 @@ def run_lines(dockerfile: str) -> list[str]:
 
 def test_repo2docker_installs_binder_requirements(dockerfile: str) -> None:
     pip_runs = [line for line in run_lines(dockerfile) if "pip install" in line]
-    assert pip_runs == [
-        'RUN ${KERNEL_PYTHON_PREFIX}/bin/pip install --no-cache-dir -r "binder/requirements.txt"'
-    ], pip_runs
+    assert len(pip_runs) == 1, pip_runs
+    assert re.search(r'pip install (--no-cache-dir )?-r "?binder/requirements\.txt"?$', pip_runs[0]), pip_runs
 
 
 def test_root_requirements_are_not_what_binder_installs(dockerfile: str) -> None:
@@ -104,9 +103,10 @@ def test_editable_install_resolves_to_the_repository_root(dockerfile: str) -> No
     assert "-e ." in requirement_lines(BINDER / "requirements.txt")
     lines = dockerfile.splitlines()
     workdir = lines.index("WORKDIR ${REPO_DIR}")
-    copy_all = lines.index("COPY --chown=1000:1000 src/ ${REPO_DIR}/")
-    pip = next(i for i, line in enumerate(lines) if "binder/requirements.txt\"" in line
-               and line.startswith("RUN "))
+    copy_all = next(i for i, line in enumerate(lines)
+                    if re.fullmatch(r"COPY (--chown=\S+ )?src/ \$\{REPO_DIR\}/?", line))
+    pip = next(i for i, line in enumerate(lines)
+               if line.startswith("RUN ") and "binder/requirements.txt" in line)
     assert workdir < copy_all < pip
     assert not any(line.startswith("WORKDIR") for line in lines[workdir + 1 : pip])
 
