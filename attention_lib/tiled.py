@@ -43,6 +43,7 @@ __all__ = [
 DEFAULT_BLOCK_SIZE: tuple[int, int] = (256, 256)
 
 _NEG_INF = float("-inf")
+_LOG2_E = math.log2(math.e)
 
 
 class OnlineSoftmaxState(NamedTuple):
@@ -106,6 +107,7 @@ def online_softmax_update(
     scores: Tensor,
     value: Tensor,
     *,
+    base2: bool = False,
     dropout_p: float = 0.0,
     inplace: bool = False,
 ) -> OnlineSoftmaxState:
@@ -128,6 +130,11 @@ def online_softmax_update(
         scores: ``(..., Lq, block_k)`` scaled scores of this block; ``-inf``
             marks a masked query/key pair.
         value: ``(..., block_k, d_v)`` values of this block.
+        base2: the scores are in base-2 units, i.e. already multiplied by
+            :math:`\log_2 e`, and are exponentiated with ``exp2``:
+            :math:`2^{s \log_2 e} = e^s`, so the result is the same, but ``exp2``
+            is the cheaper function (FlashAttention does the same). ``row_max``
+            is then in base-2 units too; ``row_sum`` and ``acc`` are unchanged.
         dropout_p: dropout on the attention weights of this block (the weights
             are zeroed and rescaled after the row sum is taken, so the
             normalisation is the one without dropout, as in FlashAttention).
@@ -144,13 +151,14 @@ def online_softmax_update(
         - value: ``(..., block_k, d_v)``
     """
     row_max, row_sum, acc = state
+    exp = torch.exp2 if base2 else torch.exp
     new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1)
     # A row that has seen no key yet still has m = -inf; exp(-inf - (-inf)) would
     # be NaN, so shift such rows by 0 instead (their exponentials are all 0).
     shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # (..., Lq, 1)
-    rescale = torch.exp(row_max - shift)  # (..., Lq, 1); 0 on the first block
+    rescale = exp(row_max - shift)  # (..., Lq, 1); 0 on the first block
     if inplace:
-        weights = scores.sub_(shift).exp_()  # (..., Lq, block_k), un-normalised
+        weights = exp(scores.sub_(shift), out=scores)  # (..., Lq, block_k), un-normalised
         row_sum = row_sum.mul_(rescale).add_(weights.sum(dim=-1, keepdim=True))
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p, training=True)
@@ -160,7 +168,7 @@ def online_softmax_update(
         else:
             acc = acc.add_(weights @ value)  # (..., Lq, d_v)
     else:
-        weights = torch.exp(scores - shift)  # (..., Lq, block_k), un-normalised
+        weights = exp(scores - shift)  # (..., Lq, block_k), un-normalised
         row_sum = row_sum * rescale + weights.sum(dim=-1, keepdim=True)
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p, training=True)
@@ -310,7 +318,7 @@ def tiled_attention(
     # Flatten the broadcast leading dims into one batch dim so that every tile is
     # one batched matmul (bmm) over all batches and heads at once.
     n = math.prod(batch_shape)
-    q = (query.to(dtype) * scale).expand(*batch_shape, q_len, d_k).reshape(n, q_len, d_k)  # (N, Lq, d_k)
+    q = query.to(dtype).expand(*batch_shape, q_len, d_k).reshape(n, q_len, d_k)  # (N, Lq, d_k)
     k = key.to(dtype).expand(*batch_shape, k_len, d_k).reshape(n, k_len, d_k)  # (N, Lk, d_k)
     v = value.to(dtype).expand(*batch_shape, k_len, d_v).reshape(n, k_len, d_v)  # (N, Lk, d_v)
     k_t = k.transpose(1, 2)  # (N, d_k, Lk), a view
@@ -318,16 +326,28 @@ def tiled_attention(
         keep = keep.expand(*batch_shape, q_len, k_len)  # a view, no copy
 
     out = q.new_empty(n, q_len, d_v)  # (N, Lq, d_v)
+    # Without autograd, every score tile is written into one reused buffer
+    # (allocating a fresh tile per step costs page faults and cache misses).
+    tile_buffer = q.new_empty(n * min(block_q, q_len) * min(block_k, k_len)) if inplace else None
     for q_start in range(0, q_len, block_q):
         q_end = min(q_start + block_q, q_len)
-        q_block = q[:, q_start:q_end]  # (N, bq, d_k)
+        # Scores in base-2 units: scale * log2(e) is folded into the query block,
+        # and the online softmax uses exp2, which is cheaper than exp.
+        q_block = q[:, q_start:q_end] * (scale * _LOG2_E)  # (N, bq, d_k)
         state = OnlineSoftmaxState.empty((n,), q_end - q_start, d_v, dtype=dtype, device=q.device)
         # Causal: query i sees keys j <= i, so keys from q_end on are never seen by
         # this query block -- those tiles are skipped entirely.
         k_stop = min(k_len, q_end) if is_causal else k_len
         for k_start in range(0, k_stop, block_k):
             k_end = min(k_start + block_k, k_stop)
-            scores = torch.bmm(q_block, k_t[:, :, k_start:k_end])  # (N, bq, bk)
+            k_block_t = k_t[:, :, k_start:k_end]  # (N, d_k, bk)
+            if tile_buffer is None:
+                scores = torch.bmm(q_block, k_block_t)  # (N, bq, bk)
+            else:
+                scores = tile_buffer[: n * (q_end - q_start) * (k_end - k_start)].view(
+                    n, q_end - q_start, k_end - k_start
+                )  # (N, bq, bk), a view of the buffer
+                torch.bmm(q_block, k_block_t, out=scores)
             if is_causal and k_end - 1 > q_start:
                 # The diagonal crosses this tile: hide key j > query i.
                 hidden = _causal_hidden(q_start, q_end, k_start, k_end, q.device)  # (bq, bk)
@@ -336,7 +356,7 @@ def tiled_attention(
                 tile_keep = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view
                 scores = _hide(scores, ~tile_keep.reshape(n, q_end - q_start, -1), inplace)
             state = online_softmax_update(
-                state, scores, v[:, k_start:k_end], dropout_p=dropout_p, inplace=inplace
+                state, scores, v[:, k_start:k_end], base2=True, dropout_p=dropout_p, inplace=inplace
             )
         out[:, q_start:q_end] = state.output()  # (N, bq, d_v)
     return out.reshape(*batch_shape, q_len, d_v).to(out_dtype)  # (..., Lq, d_v)
