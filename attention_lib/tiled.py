@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_bool, check_dropout_p, check_qkv, check_scale
+from ._checks import check_bool, check_dropout_p, check_qkv, check_scale, check_tensor
 from .masks import as_keep_mask
 
 __all__ = [
@@ -145,11 +145,19 @@ def online_softmax_update(
     Returns:
         The new state.
 
+    Raises:
+        TypeError: if ``state`` is not an :class:`OnlineSoftmaxState` or
+            ``scores``/``value`` are not floating tensors.
+        ValueError: if the shapes of ``state``, ``scores`` and ``value`` do not
+            fit together or ``dropout_p`` is outside ``[0, 1)``.
+
     Shapes:
         - state: ``row_max``/``row_sum`` ``(..., Lq, 1)``, ``acc`` ``(..., Lq, d_v)``
         - scores: ``(..., Lq, block_k)``
         - value: ``(..., block_k, d_v)``
     """
+    _check_update(state, scores, value)
+    check_dropout_p(dropout_p)
     row_max, row_sum, acc = state
     exp = torch.exp2 if base2 else torch.exp
     new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1)
@@ -402,6 +410,31 @@ def _causal_hidden(
     rows = torch.arange(q_start, q_end, device=device).unsqueeze(1)  # (bq, 1)
     cols = torch.arange(k_start, k_end, device=device)  # (bk,)
     return cols > rows  # (bq, bk)
+
+
+def _check_update(state: object, scores: object, value: object) -> None:
+    """Shapes of one online-softmax step must fit together (see online_softmax_update)."""
+    if not isinstance(state, OnlineSoftmaxState):
+        raise TypeError(
+            "state must be an OnlineSoftmaxState (start with OnlineSoftmaxState.empty), "
+            f"got {type(state).__name__}"
+        )
+    check_tensor("scores", scores)
+    check_tensor("value", value)
+    acc_shape, scores_shape, value_shape = tuple(state.acc.shape), tuple(scores.shape), tuple(value.shape)
+    expected_scores = (*acc_shape[:-1], value_shape[-2])
+    if (
+        scores_shape != expected_scores
+        or value_shape != (*acc_shape[:-2], value_shape[-2], acc_shape[-1])
+        or tuple(state.row_max.shape) != (*acc_shape[:-1], 1)
+        or tuple(state.row_sum.shape) != (*acc_shape[:-1], 1)
+    ):
+        raise ValueError(
+            "state (row_max/row_sum (..., Lq, 1), acc (..., Lq, d_v)), scores (..., Lq, "
+            "block_k) and value (..., block_k, d_v) must fit together, got row_max "
+            f"{tuple(state.row_max.shape)}, row_sum {tuple(state.row_sum.shape)}, acc "
+            f"{acc_shape}, scores {scores_shape}, value {value_shape}"
+        )
 
 
 def _hide(scores: Tensor, hidden: Tensor, inplace: bool) -> Tensor:

@@ -121,6 +121,21 @@ def test_online_softmax_update_unseen_rows_stay_zero() -> None:
     torch.testing.assert_close(state.output(), torch.tensor([[[0.0, 0.0], [1.0, 2.0]]]))
 
 
+def test_online_softmax_update_bad_input() -> None:
+    state = OnlineSoftmaxState.empty((2,), 3, 4, dtype=torch.float32)
+    scores, value = torch.randn(2, 3, 5), torch.randn(2, 5, 4)
+    with pytest.raises(TypeError, match=r"state must be an OnlineSoftmaxState .* got tuple"):
+        online_softmax_update(tuple(state), scores, value)
+    with pytest.raises(TypeError, match=r"scores must be a floating-point tensor"):
+        online_softmax_update(state, scores.long(), value)
+    with pytest.raises(ValueError, match=r"must fit together, .* scores \(2, 3, 6\), value \(2, 5, 4\)"):
+        online_softmax_update(state, torch.randn(2, 3, 6), value)
+    with pytest.raises(ValueError, match=r"must fit together, .* value \(2, 5, 7\)"):
+        online_softmax_update(state, scores, torch.randn(2, 5, 7))
+    with pytest.raises(ValueError, match=r"dropout_p must be a float in \[0, 1\), got 2"):
+        online_softmax_update(state, scores, value, dropout_p=2)
+
+
 # --------------------------------------------------------------------------- tiled attention
 
 
