@@ -155,15 +155,33 @@ def _screenshot_on_failure(request: pytest.FixtureRequest, tabs: list[Tab]) -> N
 
 
 @pytest.fixture
-def tab(browser, base_url: str, request: pytest.FixtureRequest) -> Iterator[Tab]:
-    """A fresh page in a fresh context, for tests that click, type or move things."""
-    context = _new_context(browser, base_url)
-    tab = _new_tab(context, base_url)
+def tab_at(browser, request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+    """`tab_at(base_url)`: a fresh page in a fresh context that reaches only base_url's host.
+
+    Every request to another host is aborted and recorded; on failure the page is saved as
+    a screenshot. `tab` uses it for the built book, test_jupyterlab_live.py for JupyterLab.
+    """
+    contexts: list[object] = []
+    tabs: list[Tab] = []
+
+    def make(base_url: str) -> Tab:
+        context = _new_context(browser, base_url)
+        contexts.append(context)
+        tabs.append(_new_tab(context, base_url))
+        return tabs[-1]
+
     try:
-        yield tab
+        yield make
     finally:
-        _screenshot_on_failure(request, [tab])
-        context.close()
+        _screenshot_on_failure(request, tabs)
+        for context in contexts:
+            context.close()
+
+
+@pytest.fixture
+def tab(tab_at: Callable[[str], Tab], base_url: str) -> Tab:
+    """A fresh page in a fresh context, for tests that click, type or move things."""
+    return tab_at(base_url)
 
 
 @pytest.fixture(scope="session")
