@@ -7,7 +7,8 @@ Chapter 8's targets, at B=1, H=8, d=64, float32, forward pass under
   N in {1024, 2048, 4096}. Both are timed in this process, interleaved (one call
   of each per round, rotating the order) so that machine noise hits both alike;
   ``ratio`` is the ratio of the medians, ``paired`` the median of the per-round
-  ratios. Wall-clock time with torch's default number of intra-op threads is the
+  ratios. Every round visits every size, so that a burst of load from other
+  processes spreads over all sizes instead of spoiling one. Wall-clock time with torch's default number of intra-op threads is the
   target; the load average is printed with it, because other processes on a
   shared 2-core machine slow down code made of many small parallel ops (every op
   waits for both threads) much more than one fused kernel. A second table runs
@@ -96,23 +97,30 @@ def wait_until_quiet(max_wait: float, threshold: float) -> None:
 
 
 def time_interleaved(
-    candidates: dict[str, Callable[[], Tensor]],
+    cases: dict[tuple[int, bool], dict[str, Callable[[], Tensor]]],
     rounds: int,
     warmup: int,
     clock: Callable[[], float],
-) -> dict[str, list[float]]:
-    """Run every candidate once per round (rotating the order); return seconds per call."""
-    names = list(candidates)
-    for _ in range(warmup):
-        for name in names:
-            candidates[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+) -> dict[tuple[int, bool], dict[str, list[float]]]:
+    """Time every candidate of every case once per round; return seconds per call.
+
+    Each round visits all cases (and, within a case, all candidates in a rotating
+    order), so that a burst of load from other processes is spread over all cases
+    instead of falling on one of them.
+    """
+    for candidates in cases.values():
+        for _ in range(warmup):
+            for fn in candidates.values():
+                fn()
+    times = {case: {name: [] for name in cands} for case, cands in cases.items()}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            start = clock()
-            candidates[name]()
-            times[name].append(clock() - start)
+        for case, candidates in cases.items():
+            names = list(candidates)
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                start = clock()
+                candidates[name]()
+                times[case][name].append(clock() - start)
     return times
 
 
@@ -132,32 +140,36 @@ def time_table(
         f"\n## time, {clock_name} clock, {torch.get_num_threads()} intra-op thread(s), "
         f"median of {rounds} interleaved rounds (load average before: {loadavg()})"
     )
-    print(f"{'N':>6} {'causal':>6} {'candidate':>16} {'median ms':>10} {'torch ms':>9} "
-          f"{'ratio':>6} {'paired':>6}")
-    ratios: dict[tuple[int, bool, str], float] = {}
+    cases: dict[tuple[int, bool], dict[str, Callable[[], Tensor]]] = {}
     with torch.inference_mode():
         for n in sizes:
             q, k, v = inputs(n)
             for is_causal in (False, True):
-                candidates: dict[str, Callable[[], Tensor]] = {}
                 expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-                candidates["torch"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+                torch_fn = make_method("torch", is_causal, DEFAULT_BLOCK_SIZE)
+                candidates = {"torch": lambda fn=torch_fn, q=q, k=k, v=v: fn(q, k, v)}
                 for bs in block_sizes:
                     label = f"tiled {bs[0]}x{bs[1]}"
                     fn = make_method("tiled", is_causal, bs)
                     err = (fn(q, k, v) - expected).abs().max().item()
                     assert err < 1e-4, f"{label} at N={n}: max error {err}"
-                    candidates[label] = lambda fn=fn: fn(q, k, v)
-                times = time_interleaved(candidates, rounds, warmup=1, clock=clock)
-                base = statistics.median(times["torch"])
-                for label, ts in times.items():
-                    if label == "torch":
-                        continue
-                    ratio = statistics.median(ts) / base
-                    paired = statistics.median(t / b for t, b in zip(ts, times["torch"]))
-                    ratios[(n, is_causal, label)] = ratio
-                    print(f"{n:>6} {str(is_causal):>6} {label:>16} {statistics.median(ts) * 1e3:>10.1f} "
-                          f"{base * 1e3:>9.1f} {ratio:>6.2f} {paired:>6.2f}")
+                    candidates[label] = lambda fn=fn, q=q, k=k, v=v: fn(q, k, v)
+                cases[(n, is_causal)] = candidates
+        times = time_interleaved(cases, rounds, warmup=1, clock=clock)
+
+    print(f"{'N':>6} {'causal':>6} {'candidate':>16} {'median ms':>10} {'torch ms':>9} "
+          f"{'ratio':>6} {'paired':>6}")
+    ratios: dict[tuple[int, bool, str], float] = {}
+    for (n, is_causal), case_times in times.items():
+        base = statistics.median(case_times["torch"])
+        for label, ts in case_times.items():
+            if label == "torch":
+                continue
+            ratio = statistics.median(ts) / base
+            paired = statistics.median(t / b for t, b in zip(ts, case_times["torch"]))
+            ratios[(n, is_causal, label)] = ratio
+            print(f"{n:>6} {str(is_causal):>6} {label:>16} {statistics.median(ts) * 1e3:>10.1f} "
+                  f"{base * 1e3:>9.1f} {ratio:>6.2f} {paired:>6.2f}")
     print(f"(load average after: {loadavg()})")
     torch.set_num_threads(saved)
     return ratios
@@ -256,7 +268,7 @@ def parse_block(text: str) -> tuple[int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few rounds (smoke run)")
-    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 9, quick 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 15, quick 3)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for the main timing table (default: torch's)")
     parser.add_argument("--block-size", action="append", type=parse_block, default=None,
@@ -278,7 +290,7 @@ def main() -> int:
     time_sizes = [256, 512, 1024] if args.quick else [1024, 2048, 4096]
     mem_sizes = [256, 512, 1024] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     naive_max = 1024 if args.quick else 8192
-    rounds = args.rounds or (3 if args.quick else 9)
+    rounds = args.rounds or (3 if args.quick else 15)
     print(f"# tiled_attention vs F.scaled_dot_product_attention (torch {torch.__version__}), "
           f"B={BATCH}, H={HEADS}, d={HEAD_DIM}, float32, inference_mode; "
           f"default block size {DEFAULT_BLOCK_SIZE}; {os.cpu_count()} CPUs")
