@@ -71,6 +71,25 @@ def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
         ) from None
 
 
+
+def check_attention_args(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    dropout_p: float,
+    scale: float | None,
+    is_causal: bool,
+) -> tuple[int, ...]:
+    """The checks every attention function starts with: :func:`check_qkv`, then
+    ``dropout_p``, ``scale`` and ``is_causal``. Returns the broadcast leading
+    dims ``...`` of query, key and value."""
+    batch_shape = check_qkv(query, key, value)
+    check_dropout_p(dropout_p)
+    check_scale(scale)
+    check_bool("is_causal", is_causal)
+    return batch_shape
+
 def check_dropout_p(dropout_p: float) -> None:
     """``dropout_p`` must be a number in [0, 1)."""
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:

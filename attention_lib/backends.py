@@ -28,7 +28,7 @@ from typing import Protocol
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_bool, check_dropout_p, check_qkv, check_scale
+from ._checks import check_attention_args
 from .masks import as_keep_mask
 from .sdpa import scaled_dot_product_attention
 
@@ -187,10 +187,9 @@ def torch_backend(
             broadcast or is not 0/1, or a bad ``dropout_p``/``scale`` (as
             :func:`~attention_lib.scaled_dot_product_attention`).
     """
-    batch_shape = check_qkv(q, k, v)
-    check_dropout_p(dropout_p)
-    check_scale(scale)
-    check_bool("is_causal", is_causal)
+    batch_shape = check_attention_args(
+        q, k, v, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+    )
     keep = None
     if mask is not None:
         keep = as_keep_mask(

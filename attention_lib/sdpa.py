@@ -15,7 +15,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_bool, check_dropout_p, check_qkv, check_scale
+from ._checks import check_attention_args
 from .masks import as_keep_mask, masked_softmax
 
 __all__ = ["scaled_dot_product_attention"]
@@ -92,10 +92,9 @@ def scaled_dot_product_attention(
         - output: ``(..., Lq, d_v)``
         - weights: ``(..., Lq, Lk)``
     """
-    batch_shape = check_qkv(query, key, value)  # the broadcast leading dims "..."
-    check_dropout_p(dropout_p)
-    check_scale(scale)
-    check_bool("is_causal", is_causal)
+    batch_shape = check_attention_args(
+        query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+    )  # the broadcast leading dims "..."
     q_len, k_len, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
     keep = as_keep_mask(
         mask, q_len, k_len, is_causal=is_causal, batch_shape=batch_shape, device=query.device

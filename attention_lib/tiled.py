@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_bool, check_dropout_p, check_qkv, check_scale, check_tensor
+from ._checks import check_attention_args, check_dropout_p, check_tensor
 from .masks import as_keep_mask
 
 __all__ = [
@@ -305,10 +305,9 @@ def tiled_attention(
         - mask: broadcastable to ``(..., Lq, Lk)``
         - output: ``(..., Lq, d_v)``
     """
-    batch_shape = check_qkv(query, key, value)  # the broadcast leading dims "..."
-    check_dropout_p(dropout_p)
-    check_scale(scale)
-    check_bool("is_causal", is_causal)
+    batch_shape = check_attention_args(
+        query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+    )  # the broadcast leading dims "..."
     block_q, block_k = _check_block_size(block_size)
     q_len, k_len, d_k, d_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     # The user's mask (causal masking is done tile by tile below, never as a full matrix).
