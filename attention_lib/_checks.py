@@ -90,6 +90,15 @@ def check_attention_args(
     check_bool("is_causal", is_causal)
     return batch_shape
 
+def check_int(name: str, value: object, *, minimum: int) -> int:
+    """``value`` must be an int (not a bool) ``>= minimum``; returns it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def check_dropout_p(dropout_p: float) -> None:
     """``dropout_p`` must be a number in [0, 1)."""
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:

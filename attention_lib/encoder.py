@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_tensor
+from ._checks import check_int, check_tensor
 from .mha import MultiHeadAttention
 
 __all__ = [
@@ -43,14 +43,6 @@ __all__ = [
 
 #: Accepted values of ``TokenClassifier(positional=...)``.
 POSITIONAL_KINDS = ("sinusoidal", "learned", None)
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int > 0, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be an int > 0, got {value}")
-    return value
 
 
 def _check_dropout(dropout: object) -> float:
@@ -110,8 +102,8 @@ def sinusoidal_positional_encoding(
         TypeError: if ``max_len`` or ``d_model`` is not an int, or ``dtype`` not floating.
         ValueError: if ``max_len`` or ``d_model`` is not positive, or ``base <= 1``.
     """
-    max_len = _check_positive_int("max_len", max_len)
-    d_model = _check_positive_int("d_model", d_model)
+    max_len = check_int("max_len", max_len, minimum=1)
+    d_model = check_int("d_model", d_model, minimum=1)
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1.0:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     if not dtype.is_floating_point:
@@ -149,8 +141,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 512, *, base: float = 10000.0) -> None:
         super().__init__()
-        self.d_model = _check_positive_int("d_model", d_model)
-        self.max_len = _check_positive_int("max_len", max_len)
+        self.d_model = check_int("d_model", d_model, minimum=1)
+        self.max_len = check_int("max_len", max_len, minimum=1)
         pe = sinusoidal_positional_encoding(max_len, d_model, base=base)  # (max_len, d)
         self.register_buffer("pe", pe, persistent=False)
 
@@ -191,8 +183,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("d_ff", d_ff)
+        check_int("d_model", d_model, minimum=1)
+        check_int("d_ff", d_ff, minimum=1)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.activation = nn.ReLU()
         self.dropout = nn.Dropout(_check_dropout(dropout))
@@ -255,7 +247,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
         dropout = _check_dropout(dropout)
-        self.d_model = _check_positive_int("d_model", d_model)
+        self.d_model = check_int("d_model", d_model, minimum=1)
         self.norm1 = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, backend=backend)
         self.dropout1 = nn.Dropout(dropout)
@@ -323,8 +315,8 @@ class Encoder(nn.Module):
         backend: str = "lib",
     ) -> None:
         super().__init__()
-        _check_positive_int("num_layers", num_layers)
-        self.d_model = _check_positive_int("d_model", d_model)
+        check_int("num_layers", num_layers, minimum=1)
+        self.d_model = check_int("d_model", d_model, minimum=1)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, num_heads, d_ff, dropout, backend=backend)
             for _ in range(num_layers)
@@ -422,11 +414,11 @@ class TokenClassifier(nn.Module):
         super().__init__()
         if positional not in POSITIONAL_KINDS:
             raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
-        self.vocab_size = _check_positive_int("vocab_size", vocab_size)
-        self.num_classes = _check_positive_int(
-            "num_classes", vocab_size if num_classes is None else num_classes
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
+        self.num_classes = check_int(
+            "num_classes", vocab_size if num_classes is None else num_classes, minimum=1
         )
-        self.max_len = _check_positive_int("max_len", max_len)
+        self.max_len = check_int("max_len", max_len, minimum=1)
         self.positional = positional
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.position: nn.Module | None

@@ -20,17 +20,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._checks import check_mask
+from ._checks import check_int, check_mask
 
 __all__ = ["causal_mask", "padding_mask", "as_keep_mask", "masked_softmax"]
-
-
-def _check_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value}")
-    return value
 
 
 def causal_mask(
@@ -63,8 +55,8 @@ def causal_mask(
                 [ True,  True, False],
                 [ True,  True,  True]])
     """
-    q_len = _check_length("q_len", q_len)
-    k_len = q_len if k_len is None else _check_length("k_len", k_len)
+    q_len = check_int("q_len", q_len, minimum=0)
+    k_len = q_len if k_len is None else check_int("k_len", k_len, minimum=0)
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()  # (Lq, Lk)
 
 
@@ -108,7 +100,7 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
     longest = int(lengths.max()) if lengths.numel() else 0
     if max_len is None:
         max_len = longest
-    max_len = _check_length("max_len", max_len)
+    max_len = check_int("max_len", max_len, minimum=0)
     if longest > max_len:
         raise ValueError(f"lengths must be <= max_len={max_len}, got {lengths.tolist()}")
     positions = torch.arange(max_len, device=lengths.device)  # (Lk,)

@@ -9,19 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_dropout_p, check_tensor
+from ._checks import check_bool, check_dropout_p, check_int, check_tensor
 from .backends import get_backend
 from .sdpa import scaled_dot_product_attention
 
 __all__ = ["MultiHeadAttention"]
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int > 0, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be an int > 0, got {value}")
-    return value
 
 
 class MultiHeadAttention(nn.Module):
@@ -105,8 +97,8 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("num_heads", num_heads)
+        check_int("d_model", d_model, minimum=1)
+        check_int("num_heads", num_heads, minimum=1)
         if d_model % num_heads != 0:
             raise ValueError(
                 f"d_model must be divisible by num_heads, got d_model={d_model} and "

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_int
+
 __all__ = [
     "TASKS",
     "make_task_data",
@@ -42,14 +44,6 @@ __all__ = [
 
 #: Names accepted by :func:`make_task_data`.
 TASKS = ("reverse", "shift", "sort")
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
 
 
 def _check_task(task: object) -> str:
@@ -100,10 +94,10 @@ def make_task_data(
         ValueError: on an unknown ``task`` or a size out of range.
     """
     task = _check_task(task)
-    num_sequences = _check_int("num_sequences", num_sequences, minimum=0)
-    seq_len = _check_int("seq_len", seq_len, minimum=1)
-    vocab_size = _check_int("vocab_size", vocab_size, minimum=2)
-    offset = _check_int("offset", offset, minimum=0)
+    num_sequences = check_int("num_sequences", num_sequences, minimum=0)
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    vocab_size = check_int("vocab_size", vocab_size, minimum=2)
+    offset = check_int("offset", offset, minimum=0)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     inputs = torch.randint(
@@ -138,8 +132,8 @@ def ideal_key_positions(task: str, seq_len: int, *, offset: int = 1) -> Tensor:
         ValueError: for ``"sort"`` or an unknown task.
     """
     task = _check_task(task)
-    seq_len = _check_int("seq_len", seq_len, minimum=1)
-    offset = _check_int("offset", offset, minimum=0)
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    offset = check_int("offset", offset, minimum=0)
     positions = torch.arange(seq_len)  # (L,)
     if task == "reverse":
         return seq_len - 1 - positions
@@ -196,7 +190,7 @@ def ideal_attention_share(weights: Tensor, key_positions: Tensor, *, window: int
             "key_positions must be an integer torch.Tensor (Lq,), got "
             f"{getattr(key_positions, 'dtype', type(key_positions).__name__)}"
         )
-    window = _check_int("window", window, minimum=0)
+    window = check_int("window", window, minimum=0)
     q_len, k_len = weights.shape[-2:]
     if key_positions.shape != (q_len,):
         raise ValueError(
@@ -254,7 +248,7 @@ def token_accuracy(model: nn.Module, inputs: Tensor, targets: Tensor, *, batch_s
             f"inputs and targets must have the same shape, got {tuple(inputs.shape)} "
             f"and {tuple(targets.shape)}"
         )
-    batch_size = _check_int("batch_size", batch_size, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
     was_training = model.training
     model.eval()
     correct = 0
@@ -359,10 +353,10 @@ def train_token_classifier(
             f"inputs and targets must have the same shape, got {tuple(inputs.shape)} "
             f"and {tuple(targets.shape)}"
         )
-    steps = _check_int("steps", steps, minimum=1)
-    batch_size = _check_int("batch_size", batch_size, minimum=1)
-    eval_every = _check_int("eval_every", eval_every, minimum=1)
-    log_every = _check_int("log_every", log_every, minimum=1)
+    steps = check_int("steps", steps, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    eval_every = check_int("eval_every", eval_every, minimum=1)
+    log_every = check_int("log_every", log_every, minimum=1)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if len(inputs) == 0:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_attention_args, check_dropout_p, check_tensor
+from ._checks import check_attention_args, check_dropout_p, check_int, check_tensor
 from .masks import as_keep_mask
 
 __all__ = [
@@ -212,7 +212,7 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
         raise ValueError("x must have at least 1 dim, got a 0-dim tensor")
     if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim() - 1}], got {dim!r}")
-    block_size = _check_positive_int("block_size", block_size)
+    block_size = check_int("block_size", block_size, minimum=1)
 
     shape = list(x.shape)
     shape[dim] = 1
@@ -447,23 +447,15 @@ def _type_name(x: object) -> str:
     return f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
 def _check_block_size(block_size: object) -> tuple[int, int]:
     """``block_size`` is an int ``>= 1`` or a pair ``(block_q, block_k)`` of them."""
     if isinstance(block_size, tuple) and len(block_size) == 2:
         return (
-            _check_positive_int("block_size[0] (block_q)", block_size[0]),
-            _check_positive_int("block_size[1] (block_k)", block_size[1]),
+            check_int("block_size[0] (block_q)", block_size[0], minimum=1),
+            check_int("block_size[1] (block_k)", block_size[1], minimum=1),
         )
     if isinstance(block_size, int) and not isinstance(block_size, bool):
-        size = _check_positive_int("block_size", block_size)
+        size = check_int("block_size", block_size, minimum=1)
         return size, size
     raise TypeError(
         "block_size must be an int >= 1 or a tuple (block_q, block_k) of two ints, "

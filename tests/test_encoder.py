@@ -73,7 +73,7 @@ def test_positional_encoding_shift_is_a_rotation() -> None:
 def test_positional_encoding_bad_input() -> None:
     with pytest.raises(TypeError, match="max_len"):
         sinusoidal_positional_encoding(4.0, 8)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="d_model must be an int > 0, got 0"):
+    with pytest.raises(ValueError, match="d_model must be an int >= 1, got 0"):
         sinusoidal_positional_encoding(4, 0)
     with pytest.raises(ValueError, match="base must be a number > 1"):
         sinusoidal_positional_encoding(4, 8, base=1.0)
@@ -115,7 +115,7 @@ def test_feed_forward_bad_input() -> None:
     ffn = FeedForward(8, 16)
     with pytest.raises(ValueError, match=r"last dim d_model=8, got shape \(2, 7\)"):
         ffn(torch.randn(2, 7))
-    with pytest.raises(ValueError, match="d_ff must be an int > 0"):
+    with pytest.raises(ValueError, match="d_ff must be an int >= 1"):
         FeedForward(8, 0)
     with pytest.raises(ValueError, match="dropout must be a float in"):
         FeedForward(8, 16, dropout=1.0)
@@ -295,5 +295,5 @@ def test_classifier_bad_input() -> None:
         TokenClassifier(5, d_model=10, num_heads=4)
     with pytest.raises(TypeError, match="vocab_size must be an int"):
         TokenClassifier(5.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="num_layers must be an int > 0, got 0"):
+    with pytest.raises(ValueError, match="num_layers must be an int >= 1, got 0"):
         Encoder(8, 2, 0)

@@ -263,8 +263,8 @@ Y = torch.randn(2, 6, D_MODEL)
     "kwargs,exc,match",
     [
         ({"d_model": 10, "num_heads": 4}, ValueError, r"d_model must be divisible by num_heads, got d_model=10 and num_heads=4"),
-        ({"d_model": 16.0, "num_heads": 4}, TypeError, r"d_model must be an int > 0, got float"),
-        ({"d_model": 16, "num_heads": 0}, ValueError, r"num_heads must be an int > 0, got 0"),
+        ({"d_model": 16.0, "num_heads": 4}, TypeError, r"d_model must be an int >= 1, got float"),
+        ({"d_model": 16, "num_heads": 0}, ValueError, r"num_heads must be an int >= 1, got 0"),
         ({"d_model": 16, "num_heads": 4, "dropout": 1.0}, ValueError, r"dropout must be a float in \[0, 1\), got 1.0"),
         ({"d_model": 16, "num_heads": 4, "bias": 1}, TypeError, r"bias must be a bool, got int"),
         ({"d_model": 16, "num_heads": 4, "backend": "flash"}, ValueError, r"backend must be one of 'lib', 'torch'.*got 'flash'"),
