@@ -99,10 +99,15 @@ def check_int(name: str, value: object, *, minimum: int) -> int:
     return value
 
 
-def check_dropout_p(dropout_p: float) -> None:
-    """``dropout_p`` must be a number in [0, 1)."""
-    if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
-        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
+    """``dropout_p`` must be a number (not a bool) in [0, 1); returns it as a float."""
+    if (
+        isinstance(dropout_p, bool)
+        or not isinstance(dropout_p, (int, float))
+        or not 0.0 <= float(dropout_p) < 1.0
+    ):
+        raise ValueError(f"{name} must be a float in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
 
 
 def check_scale(scale: float | None) -> None:

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_tensor
+from ._checks import check_dropout_p, check_int, check_tensor
 from .mha import MultiHeadAttention
 
 __all__ = [
@@ -43,14 +43,6 @@ __all__ = [
 
 #: Accepted values of ``TokenClassifier(positional=...)``.
 POSITIONAL_KINDS = ("sinusoidal", "learned", None)
-
-
-def _check_dropout(dropout: object) -> float:
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
-        0.0 <= float(dropout) < 1.0
-    ):
-        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-    return float(dropout)
 
 
 def _check_model_input(x: object, d_model: int) -> Tensor:
@@ -187,7 +179,7 @@ class FeedForward(nn.Module):
         check_int("d_ff", d_ff, minimum=1)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.activation = nn.ReLU()
-        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.dropout = nn.Dropout(check_dropout_p(dropout, name="dropout"))
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -246,7 +238,7 @@ class EncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
-        dropout = _check_dropout(dropout)
+        dropout = check_dropout_p(dropout, name="dropout")
         self.d_model = check_int("d_model", d_model, minimum=1)
         self.norm1 = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, backend=backend)

@@ -104,16 +104,13 @@ class MultiHeadAttention(nn.Module):
                 f"d_model must be divisible by num_heads, got d_model={d_model} and "
                 f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
             )
-        try:
-            check_dropout_p(dropout)
-        except ValueError:
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}") from None
+        dropout = check_dropout_p(dropout, name="dropout")
         check_bool("bias", bias)
         get_backend(backend)  # fail now on an unknown name, not at the first forward
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
-        self.dropout = float(dropout)
+        self.dropout = dropout
         self.backend = backend
         factory = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_model, d_model, bias=bias, **factory)
