@@ -111,10 +111,14 @@ def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
 
 
 def check_scale(scale: float | None) -> None:
-    """``scale`` must be ``None`` or a finite positive number."""
+    """``scale`` must be ``None`` or a finite positive number (not a bool)."""
     if scale is None:
         return
-    if not isinstance(scale, (int, float)) or not (0.0 < float(scale) < float("inf")):
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not (0.0 < float(scale) < float("inf"))
+    ):
         raise ValueError(f"scale must be None or a finite number > 0, got {scale!r}")
 
 

@@ -260,6 +260,7 @@ V = torch.randn(2, 6, 3)
         ((Q, K, V), {"dropout_p": -0.1}, ValueError, r"dropout_p must be a float in \[0, 1\), got -0.1"),
         ((Q, K, V), {"dropout_p": False}, ValueError, r"dropout_p must be a float in \[0, 1\), got False"),
         ((Q, K, V), {"scale": 0.0}, ValueError, r"scale must be None or a finite number > 0, got 0.0"),
+        ((Q, K, V), {"scale": True}, ValueError, r"scale must be None or a finite number > 0, got True"),
         ((Q, K, V), {"is_causal": "yes"}, TypeError, r"is_causal must be a bool, got str"),
         ((torch.randn(5), K, V), {}, ValueError, r"query must have at least 2 dims"),
     ],
