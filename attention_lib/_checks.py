@@ -90,6 +90,16 @@ def check_attention_args(
     check_bool("is_causal", is_causal)
     return batch_shape
 
+def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
+    """``t`` must be a tensor of an integer dtype (not bool); ``what`` is appended
+    to the noun in the message, e.g. ``" of ids"``."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor{what}, got {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor{what}, got dtype {t.dtype}")
+    return t
+
+
 def check_int(name: str, value: object, *, minimum: int) -> int:
     """``value`` must be an int (not a bool) ``>= minimum``; returns it."""
     if isinstance(value, bool) or not isinstance(value, int):

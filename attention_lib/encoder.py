@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_dropout_p, check_int, check_tensor
+from ._checks import check_dropout_p, check_int, check_integer_tensor, check_tensor
 from .mha import MultiHeadAttention
 
 __all__ = [
@@ -456,10 +456,7 @@ class TokenClassifier(nn.Module):
         return self.head(hidden), weights  # (B, L, C), (B, layers, H, L, L)
 
     def _check_tokens(self, tokens: object) -> None:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor of ids, got {type(tokens).__name__}")
-        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be an integer tensor of ids, got dtype {tokens.dtype}")
+        tokens = check_integer_tensor("tokens", tokens, what=" of ids")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
         if tokens.shape[1] > self.max_len:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_mask
+from ._checks import check_int, check_integer_tensor, check_mask
 
 __all__ = ["causal_mask", "padding_mask", "as_keep_mask", "masked_softmax"]
 
@@ -91,8 +91,7 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
                 f"lengths must be a 1-D integer tensor or a sequence of ints, got {lengths!r}"
             )
         lengths = torch.tensor(list(lengths), dtype=torch.long)
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
+    check_integer_tensor("lengths", lengths)
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
     if lengths.numel() and int(lengths.min()) < 0:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int
+from ._checks import check_int, check_integer_tensor
 
 __all__ = [
     "TASKS",
@@ -53,13 +53,27 @@ def _check_task(task: object) -> str:
 
 
 def _check_tokens(name: str, tokens: object) -> Tensor:
-    if not isinstance(tokens, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tokens).__name__}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got dtype {tokens.dtype}")
+    tokens = check_integer_tensor(name, tokens)
     if tokens.dim() != 2:
         raise ValueError(f"{name} must have shape (N, L), got shape {tuple(tokens.shape)}")
     return tokens
+
+
+def _check_inputs_targets(inputs: object, targets: object) -> tuple[Tensor, Tensor]:
+    """``inputs`` and ``targets`` must be integer ``(N, L)`` tensors of one shape."""
+    inputs, targets = _check_tokens("inputs", inputs), _check_tokens("targets", targets)
+    if inputs.shape != targets.shape:
+        raise ValueError(
+            f"inputs and targets must have the same shape, got {tuple(inputs.shape)} "
+            f"and {tuple(targets.shape)}"
+        )
+    return inputs, targets
+
+
+def _check_generator(generator: object) -> torch.Generator:
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    return generator
 
 
 def make_task_data(
@@ -98,8 +112,7 @@ def make_task_data(
     seq_len = check_int("seq_len", seq_len, minimum=1)
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
     offset = check_int("offset", offset, minimum=0)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    _check_generator(generator)
     inputs = torch.randint(
         vocab_size, (num_sequences, seq_len), generator=generator, device=generator.device
     )  # (N, L)
@@ -180,16 +193,7 @@ def ideal_attention_share(weights: Tensor, key_positions: Tensor, *, window: int
         raise ValueError(
             f"weights must have shape (..., Lq, Lk) with Lq >= 1, got {tuple(weights.shape)}"
         )
-    if (
-        not isinstance(key_positions, Tensor)
-        or key_positions.is_floating_point()
-        or key_positions.is_complex()
-        or key_positions.dtype == torch.bool
-    ):
-        raise TypeError(
-            "key_positions must be an integer torch.Tensor (Lq,), got "
-            f"{getattr(key_positions, 'dtype', type(key_positions).__name__)}"
-        )
+    check_integer_tensor("key_positions", key_positions, what=" (Lq,)")
     window = check_int("window", window, minimum=0)
     q_len, k_len = weights.shape[-2:]
     if key_positions.shape != (q_len,):
@@ -242,12 +246,7 @@ def token_accuracy(model: nn.Module, inputs: Tensor, targets: Tensor, *, batch_s
     Returns:
         Token accuracy in ``[0, 1]``.
     """
-    inputs, targets = _check_tokens("inputs", inputs), _check_tokens("targets", targets)
-    if inputs.shape != targets.shape:
-        raise ValueError(
-            f"inputs and targets must have the same shape, got {tuple(inputs.shape)} "
-            f"and {tuple(targets.shape)}"
-        )
+    inputs, targets = _check_inputs_targets(inputs, targets)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     was_training = model.training
     model.eval()
@@ -264,6 +263,8 @@ def token_accuracy(model: nn.Module, inputs: Tensor, targets: Tensor, *, batch_s
 @dataclass
 class TrainingHistory:
     """What :func:`train_token_classifier` measured.
+
+    Explained in chapter 7, *Attention that has learned something*.
 
     Attributes:
         steps: the step (1-based) of every entry of ``loss``.
@@ -347,18 +348,12 @@ def train_token_classifier(
     Returns:
         A :class:`TrainingHistory`. The model is left in ``eval()`` mode.
     """
-    inputs, targets = _check_tokens("inputs", inputs), _check_tokens("targets", targets)
-    if inputs.shape != targets.shape:
-        raise ValueError(
-            f"inputs and targets must have the same shape, got {tuple(inputs.shape)} "
-            f"and {tuple(targets.shape)}"
-        )
+    inputs, targets = _check_inputs_targets(inputs, targets)
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     eval_every = check_int("eval_every", eval_every, minimum=1)
     log_every = check_int("log_every", log_every, minimum=1)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    _check_generator(generator)
     if len(inputs) == 0:
         raise ValueError("inputs must hold at least one sequence, got 0")
 

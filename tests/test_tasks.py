@@ -110,7 +110,7 @@ def test_ideal_attention_share_bad_input() -> None:
         ideal_attention_share(torch.rand(3, 4), ideal)
     with pytest.raises(ValueError, match=r"key_positions must lie in \[0, Lk=3\)"):
         ideal_attention_share(torch.rand(4, 3), ideal)
-    with pytest.raises(TypeError, match="key_positions must be an integer torch.Tensor"):
+    with pytest.raises(TypeError, match=r"key_positions must be an integer tensor \(Lq,\), got dtype torch.float32"):
         ideal_attention_share(torch.rand(4, 4), ideal.float())
     with pytest.raises(TypeError, match="weights must be a floating torch.Tensor"):
         ideal_attention_share(torch.ones(4, 4, dtype=torch.long), ideal)
