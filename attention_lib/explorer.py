@@ -231,12 +231,6 @@ class SliderExplorer:
             return [(i,) for i in range(self._shape[0])]
         return [(i, j) for i in range(self._shape[0]) for j in range(self._shape[1])]
 
-    def _frame_index(self, idx: tuple[int, ...]) -> int:
-        flat = 0
-        for i, n in zip(idx, self._shape):
-            flat = flat * n + i
-        return flat
-
     def _label(self, idx: tuple[int, ...]) -> str:
         return ", ".join(
             f"{nm} = {_format_value(vals[i])}" for nm, vals, i in zip(self.names, self.values, idx)
