@@ -120,7 +120,7 @@ def main() -> None:
               f"{r['cpu_med']:>10.1f} | {r['cpu_med'] / TARGET_MS:>15.2f} {verdict:>3} | "
               f"{r['cpu_med'] / r['base_cpu']:>16.2f} | {r['frame_kb']:>8.1f} | "
               f"{r['html_kb']:>9.1f} ({r['frames']:>2}) | {r['build_s']:>7.2f}")
-    print(f"baseline (bare imshow -> PNG) CPU med ms: "
+    print("baseline (bare imshow -> PNG) CPU med ms: "
           + ", ".join(f"{r['size']}x{r['size']}: {r['base_cpu']:.1f}" for r in rows))
     if load[0] > (os.cpu_count() or 1):
         print("note: the machine is busy (load > CPUs); wall times include waiting for a core")

@@ -178,20 +178,21 @@ def time_table(
 # --------------------------------------------------------------------------- memory
 
 
-def _rss_kib() -> int:
+def _proc_status_kib(field: str) -> int:
+    """One ``kB`` field of /proc/self/status, e.g. ``VmRSS`` (resident) or ``VmHWM`` (peak)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _rss_kib() -> int:
+    return _proc_status_kib("VmRSS")
 
 
 def _hwm_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    return _proc_status_kib("VmHWM")
 
 
 def child_memory(method: str, n: int, is_causal: bool, block_size: tuple[int, int]) -> None:
