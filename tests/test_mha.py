@@ -106,6 +106,7 @@ def test_causal_parity(backend, q_len, k_len) -> None:
     expected, expected_w = ref(q, k, v, attn_mask=~keep)
     torch.testing.assert_close(ours(q, k, v, is_causal=True), expected, atol=1e-10, rtol=1e-10)
     out, w = ours(q, k, v, is_causal=True, need_weights=True)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(w.mean(1), expected_w, atol=1e-10, rtol=1e-10)
     # combined with a padding mask
     pad = padding_mask(torch.tensor([k_len, k_len - 1, k_len]), k_len)
@@ -191,11 +192,14 @@ def test_dropout_only_in_train_mode(backend) -> None:
     state = torch.get_rng_state()
     torch.testing.assert_close(mha(x, k, v), plain(x, k, v))
     assert torch.equal(torch.get_rng_state(), state), "eval mode must not draw random numbers"
+    _, clean = mha(x, k, v, need_weights=True)
     mha.train()
     assert not torch.allclose(mha(x, k, v), plain(x, k, v))
     _, weights = mha(x, k, v, need_weights=True)
-    assert (weights == 0).any()  # dropped weights
-    assert torch.all((weights == 0) | (weights >= 0))
+    dropped = weights == 0
+    assert dropped.any() and not dropped.all()
+    # every weight that survives dropout is the clean weight rescaled by 1 / (1 - p)
+    torch.testing.assert_close(weights[~dropped], clean[~dropped] / (1 - 0.5))
 
 
 @settings(max_examples=15, deadline=None)
