@@ -33,6 +33,7 @@ def execute(path: Path, timeout: int = 600) -> float:
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
         store_widget_state=False,
+        record_timing=False,  # no per-cell timestamps: re-executions diff cleanly
     )
     client.execute()
     elapsed = time.perf_counter() - start
