@@ -98,8 +98,8 @@ def sinusoidal_positional_encoding(
     d_model = check_int("d_model", d_model, minimum=1)
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1.0:
         raise ValueError(f"base must be a number > 1, got {base!r}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype!r}")
     # Angles in float64, rounded once at the end, so every dtype gets its best values.
     position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(d/2),)
@@ -411,6 +411,7 @@ class TokenClassifier(nn.Module):
             "num_classes", vocab_size if num_classes is None else num_classes, minimum=1
         )
         self.max_len = check_int("max_len", max_len, minimum=1)
+        check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
         self.positional = positional
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.position: nn.Module | None

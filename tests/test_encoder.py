@@ -79,6 +79,8 @@ def test_positional_encoding_bad_input() -> None:
         sinusoidal_positional_encoding(4, 8, base=1.0)
     with pytest.raises(TypeError, match="dtype must be a floating dtype"):
         sinusoidal_positional_encoding(4, 8, dtype=torch.int64)
+    with pytest.raises(TypeError, match="dtype must be a floating dtype, got 'float32'"):
+        sinusoidal_positional_encoding(4, 8, dtype="float32")  # type: ignore[arg-type]
 
 
 def test_positional_encoding_module_adds_the_table_and_has_no_parameters() -> None:
@@ -295,5 +297,7 @@ def test_classifier_bad_input() -> None:
         TokenClassifier(5, d_model=10, num_heads=4)
     with pytest.raises(TypeError, match="vocab_size must be an int"):
         TokenClassifier(5.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="d_model must be an int >= 1, got float 16.0"):
+        TokenClassifier(5, d_model=16.0, positional=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_layers must be an int >= 1, got 0"):
         Encoder(8, 2, 0)
