@@ -59,7 +59,7 @@ def test_notebook_hygiene(nb: Path) -> None:
     # Stored widget state would make myst-nb load the ipywidgets JS from a CDN.
     assert "widgets" not in data["metadata"], f"{nb.name} stores widget state"
     code = [c for c in data["cells"] if c["cell_type"] == "code"]
-    assert code and all(c.get("outputs") is not None for c in code)
+    assert code, f"{nb.name} has no code cells"
     assert all(c.get("execution_count") is not None for c in code), (
         f"{nb.name} has unexecuted code cells: run `make execute NB=book/{nb.name}`"
     )
