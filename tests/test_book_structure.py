@@ -124,7 +124,6 @@ PENDING: set[str] = {
     "02_scores_and_scaling.ipynb",
     "03_softmax.ipynb",
     "04_weighted_sum.ipynb",
-    "05_masking.ipynb",
     "06_multi_head.ipynb",
     "07_learned_attention.ipynb",
     "08_efficient_attention.ipynb",
