@@ -80,3 +80,23 @@ __all__ += [
     "TrainingHistory",
     "train_token_classifier",
 ]
+
+# --- a causal language model, its KV cache and generation (chapter 9)
+from .kv_cache import KVCache, LayerKVCache  # noqa: E402
+from .causal_lm import CausalLM  # noqa: E402
+from .generation import generate  # noqa: E402
+from .induction import (  # noqa: E402
+    make_induction_data,
+    predictable_accuracy,
+    predictable_positions,
+)
+
+__all__ += [
+    "KVCache",
+    "LayerKVCache",
+    "CausalLM",
+    "generate",
+    "make_induction_data",
+    "predictable_positions",
+    "predictable_accuracy",
+]

@@ -25,12 +25,16 @@ Explained in chapter 7, *Attention that has learned something*.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ._checks import check_dropout_p, check_int, check_integer_tensor, check_tensor
 from .mha import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from .kv_cache import KVCache, LayerKVCache
 
 __all__ = [
     "sinusoidal_positional_encoding",
@@ -248,7 +252,12 @@ class EncoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        kv_cache: LayerKVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Run the layer; with ``need_weights=True`` also return ``(B, H, L, L)`` weights.
 
@@ -256,6 +265,8 @@ class EncoderLayer(nn.Module):
             x: ``(B, L, d_model)`` input.
             mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
             need_weights: also return the self-attention weights.
+            kv_cache: the self-attention's cache of earlier keys and values
+                (chapter 9); the keys then count them too: ``(B, H, L, T + L)``.
 
         Returns:
             ``output`` ``(B, L, d_model)``, or ``(output, weights)``.
@@ -263,9 +274,11 @@ class EncoderLayer(nn.Module):
         x = _check_model_input(x, self.d_model)
         h = self.norm1(x)  # (B, L, d)
         if need_weights:
-            attn, weights = self.self_attn(h, h, h, mask, need_weights=True)  # (B, H, L, L)
+            attn, weights = self.self_attn(
+                h, h, h, mask, need_weights=True, kv_cache=kv_cache
+            )  # (B, L, d), (B, H, L, Lk)
         else:
-            attn = self.self_attn(h, h, h, mask)  # (B, L, d)
+            attn = self.self_attn(h, h, h, mask, kv_cache=kv_cache)  # (B, L, d)
         x = x + self.dropout1(attn)
         x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
@@ -331,7 +344,12 @@ class Encoder(nn.Module):
         return num_layers * (attention + feed_forward + layer_norms) + 2 * d_model
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Run every layer; with ``need_weights=True`` also return all weights.
 
@@ -339,18 +357,22 @@ class Encoder(nn.Module):
             x: ``(B, L, d_model)`` input.
             mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
             need_weights: also return the attention weights of every layer.
+            cache: a :class:`~attention_lib.KVCache`; layer ``i`` appends its
+                keys and values to ``cache.layer(i)`` and attends to all of them
+                (chapter 9).
 
         Returns:
             ``output`` ``(B, L, d_model)``, or ``(output, weights)`` with weights
             of shape ``(B, num_layers, H, L, L)``.
         """
         all_weights = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            kv_cache = None if cache is None else cache.layer(i)
             if need_weights:
-                x, weights = layer(x, mask, need_weights=True)  # (B, L, d), (B, H, L, L)
+                x, weights = layer(x, mask, need_weights=True, kv_cache=kv_cache)  # (B, H, L, Lk)
                 all_weights.append(weights)
             else:
-                x = layer(x, mask)  # (B, L, d)
+                x = layer(x, mask, kv_cache=kv_cache)  # (B, L, d)
         x = self.norm(x)
         if not need_weights:
             return x

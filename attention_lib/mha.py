@@ -5,6 +5,8 @@ Explained in chapter 6, *Multi-head attention*.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -12,6 +14,9 @@ from torch import Tensor, nn
 from ._checks import check_bool, check_dropout_p, check_int, check_tensor
 from .backends import get_backend
 from .sdpa import scaled_dot_product_attention
+
+if TYPE_CHECKING:
+    from .kv_cache import LayerKVCache
 
 __all__ = ["MultiHeadAttention"]
 
@@ -133,6 +138,7 @@ class MultiHeadAttention(nn.Module):
         *,
         is_causal: bool = False,
         need_weights: bool = False,
+        kv_cache: LayerKVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value`` with every head.
 
@@ -150,6 +156,9 @@ class MultiHeadAttention(nn.Module):
                 with ``mask``), aligned as ``F.scaled_dot_product_attention``.
             need_weights: also return the per-head attention weights (computed
                 with the lib backend, whatever ``backend`` is).
+            kv_cache: a :class:`~attention_lib.LayerKVCache`: the projected keys
+                and values are appended to it, and the queries attend to every
+                key it holds (``Lk`` then counts the cached positions too; chapter 9).
 
         Returns:
             ``output (B, Lq, d_model)``, or ``(output, weights)`` with
@@ -168,6 +177,8 @@ class MultiHeadAttention(nn.Module):
         check_bool("need_weights", need_weights)
         batch, q_len, _ = query.shape
         q, k, v = self._project(query, key, value)  # each (B, H, L, d_head)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, H, T_cached + Lk, d_head)
         dropout_p = self.dropout if self.training else 0.0
 
         weights = None

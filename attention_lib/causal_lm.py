@@ -1,0 +1,192 @@
+"""A small decoder-only (GPT-style) causal language model.
+
+A decoder-only model is chapter 7's pre-LN encoder with one change: a causal
+mask, so that position ``i`` sees only the tokens ``0 .. i`` and can be trained
+to predict token ``i + 1``. :class:`CausalLM` therefore reuses
+:class:`~attention_lib.Encoder` as its stack of blocks and adds a token
+embedding, positions and a linear head over the vocabulary.
+
+With a :class:`~attention_lib.KVCache`, the new tokens are the *last*
+positions of the sequence, after the cached ones: their queries attend to the
+cached keys and to their own, under chapter 5's bottom-right causal alignment
+(``tril(diagonal=Lk - Lq)``), and their positions continue where the cache ends.
+
+Explained in chapter 9, *Attention that writes*.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_bool, check_int, check_integer_tensor
+from .encoder import POSITIONAL_KINDS, Encoder, SinusoidalPositionalEncoding
+from .kv_cache import KVCache
+
+__all__ = ["CausalLM"]
+
+
+def _bottom_right_causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Keep-mask of ``q_len`` queries that are the *last* of ``k_len`` positions.
+
+    Query ``i`` sits at position ``k_len - q_len + i`` and may attend to keys
+    ``0 .. k_len - q_len + i`` (chapter 5, *Masking*). With ``q_len == k_len``
+    it is the ordinary causal mask. No checks (an internal helper).
+    """
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (Lq, Lk)
+    return keep.tril(diagonal=k_len - q_len)
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model: embedding + positions + causal pre-LN blocks + head.
+
+    ``logits[:, i]`` scores the token that follows ``tokens[:, : i + 1]``.
+    The blocks are chapter 7's :class:`~attention_lib.EncoderLayer` s under a
+    causal mask (a decoder-only block *is* an encoder block that may not look
+    ahead), followed by a final ``LayerNorm`` and a linear head.
+
+    Explained in chapter 9, *Attention that writes*.
+
+    Args:
+        vocab_size: number of token ids ``0 .. vocab_size - 1``.
+        d_model: model width.
+        num_heads: attention heads per layer (must divide ``d_model``).
+        num_layers: number of blocks.
+        max_len: the longest sequence (prompt and generated tokens together).
+        d_ff: feed-forward hidden width; defaults to ``4 * d_model``.
+        dropout: dropout probability (``train()`` only).
+        positional: ``"learned"`` (an ``nn.Embedding(max_len, d_model)`` added
+            to the token embeddings), ``"sinusoidal"`` (chapter 7's fixed
+            encodings) or ``None`` (no positions).
+        backend: attention backend of every layer (see
+            :class:`~attention_lib.MultiHeadAttention`).
+
+    Shapes:
+        - tokens: ``(B, L)`` integer ids; with a cache of ``T`` tokens,
+          ``T + L <= max_len``
+        - logits: ``(B, L, vocab_size)``
+        - weights (with ``need_weights=True``): ``(B, num_layers, H, L, T + L)``
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 64,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        max_len: int = 128,
+        *,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        positional: str | None = "learned",
+        backend: str = "lib",
+    ) -> None:
+        super().__init__()
+        if positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
+        self.max_len = check_int("max_len", max_len, minimum=1)
+        check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
+        self.positional = positional
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.position: nn.Module | None = None
+        if positional == "learned":
+            self.position = nn.Embedding(max_len, d_model)
+        elif positional == "sinusoidal":
+            self.position = SinusoidalPositionalEncoding(d_model, max_len)
+        self.blocks = Encoder(d_model, num_heads, num_layers, d_ff, dropout, backend=backend)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks.layers)
+
+    def forward(
+        self, tokens: Tensor, *, cache: KVCache | None = None, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Next-token logits for every position of ``tokens``.
+
+        Args:
+            tokens: ``(B, L)`` integer ids in ``[0, vocab_size)``, ``L >= 1``.
+            cache: a :class:`~attention_lib.KVCache` holding the keys and values
+                of the ``T`` tokens before ``tokens`` (empty for a new sequence);
+                the keys and values of ``tokens`` are appended to it.
+            need_weights: also return the attention weights of every layer and head.
+
+        Returns:
+            ``logits`` ``(B, L, vocab_size)``, or ``(logits, weights)`` with
+            ``weights`` of shape ``(B, num_layers, H, L, T + L)``.
+
+        Raises:
+            TypeError: if ``tokens`` is not an integer tensor or ``cache`` not a
+                :class:`~attention_lib.KVCache`.
+            ValueError: if ``tokens`` is not ``(B, L)`` with ``L >= 1``, holds ids
+                outside ``[0, vocab_size)``, or would run past ``max_len``; or
+                if the cache belongs to another batch, dtype or model.
+        """
+        self._check_tokens(tokens)
+        self._check_cache(cache, tokens)
+        check_bool("need_weights", need_weights)
+        return self._forward(tokens, cache, need_weights=need_weights)
+
+    def _forward(
+        self, tokens: Tensor, cache: KVCache | None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without the checks (the per-token core of generation)."""
+        length = tokens.shape[1]
+        past = 0 if cache is None else len(cache)  # tokens already in the cache
+        positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
+        x = self.embedding(tokens)  # (B, L, d)
+        if isinstance(self.position, SinusoidalPositionalEncoding):
+            x = x + self.position.pe[positions].to(x.dtype)  # (B, L, d) + (L, d)
+        elif self.position is not None:
+            x = x + self.position(positions)  # (B, L, d) + (L, d)
+        # One new token sees every cached key and itself: nothing to mask.
+        mask = None if length == 1 else _bottom_right_causal_mask(length, past + length, x.device)
+        out = self.blocks(x, mask, need_weights=need_weights, cache=cache)
+        if not need_weights:
+            return self.head(out)  # (B, L, V)
+        hidden, weights = out
+        return self.head(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
+
+    def _check_tokens(self, tokens: object) -> None:
+        tokens = check_integer_tensor("tokens", tokens, what=" of ids")
+        if tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError(
+                f"tokens must have shape (B, L) with L >= 1, got shape {tuple(tokens.shape)}"
+            )
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(
+                f"tokens must hold ids in [0, vocab_size={self.vocab_size}), got values in "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
+
+    def _check_cache(self, cache: object, tokens: Tensor) -> None:
+        past = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            past = len(cache)
+        if past + tokens.shape[1] > self.max_len:
+            raise ValueError(
+                f"{past} cached + {tokens.shape[1]} new tokens is longer than "
+                f"max_len={self.max_len}"
+            )
+        if not isinstance(cache, KVCache) or past == 0:
+            return
+        if len(cache.layers) != self.num_layers:
+            raise ValueError(
+                f"cache holds {len(cache.layers)} layers, this model has {self.num_layers}"
+            )
+        key = cache.layers[0].key
+        weight = self.head.weight
+        if key is None or key.shape[0] != tokens.shape[0]:
+            raise ValueError(
+                f"cache holds a batch of {0 if key is None else key.shape[0]} sequences, "
+                f"tokens has {tokens.shape[0]}"
+            )
+        if key.dtype != weight.dtype or key.device != weight.device:
+            raise ValueError(
+                f"cache holds {key.dtype} on {key.device}, the model is {weight.dtype} "
+                f"on {weight.device}"
+            )
