@@ -9,8 +9,13 @@ can then walk over the keys block by block and only ever holds one
 ``(block_q, block_k)`` tile of scores (Rabe & Staats, 2021; FlashAttention, Dao
 et al., 2022).
 
+The backward pass does the same in reverse: it saves only the inputs, the
+output and one log-sum-exp per query row, and recomputes each tile of
+probabilities from them, in the order of FlashAttention-2 (Dao, 2023). So
+training, too, needs memory linear in the sequence length.
+
 This is the same algorithm as a FlashAttention kernel, written with ordinary
-PyTorch ops: a teaching model of the forward pass, not a fused GPU kernel.
+PyTorch ops: a teaching model, not a fused GPU kernel.
 
 Explained in chapter 8, *Efficient attention*.
 """
@@ -23,6 +28,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._checks import check_attention_args, check_dropout_p, check_int, check_tensor
 from .masks import as_keep_mask
@@ -157,38 +163,16 @@ def online_softmax_update(
         - value: ``(..., block_k, d_v)``
     """
     _check_update(state, scores, value)
-    check_dropout_p(dropout_p)
-    row_max, row_sum, acc = state
-    exp = torch.exp2 if base2 else torch.exp
-    new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1)
-    # A row that has seen no key yet still has m = -inf; exp(-inf - (-inf)) would
-    # be NaN, so shift such rows by 0 instead (their exponentials are all 0).
-    shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # (..., Lq, 1)
-    rescale = exp(row_max - shift)  # (..., Lq, 1); 0 on the first block
-    if inplace:
-        weights = exp(scores.sub_(shift), out=scores)  # (..., Lq, block_k), un-normalised
-        row_sum = row_sum.mul_(rescale).add_(weights.sum(dim=-1, keepdim=True))
-        if dropout_p > 0.0:
-            weights = F.dropout(weights, p=dropout_p, training=True)
-        acc = acc.mul_(rescale)
-        if acc.dim() == 3:
-            acc = acc.baddbmm_(weights, value)  # (N, Lq, d_v), fused multiply-add
-        else:
-            acc = acc.add_(weights @ value)  # (..., Lq, d_v)
-    else:
-        weights = exp(scores - shift)  # (..., Lq, block_k), un-normalised
-        row_sum = row_sum * rescale + weights.sum(dim=-1, keepdim=True)
-        if dropout_p > 0.0:
-            weights = F.dropout(weights, p=dropout_p, training=True)
-        acc = acc * rescale + weights @ value  # (..., Lq, d_v)
-    return OnlineSoftmaxState(new_max, row_sum, acc)
+    dropout_p = check_dropout_p(dropout_p)
+    return _update(state, scores, value, base2=base2, dropout_p=dropout_p, inplace=inplace)
 
 
 def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
     """Softmax that reads ``x`` in blocks along ``dim`` with a running max and sum.
 
     One pass over the blocks finds the maximum ``m`` and the normaliser
-    ``l = sum exp(x - m)`` together (rescaling ``l`` whenever ``m`` grows); a
+    ``l = sum exp(x - m)`` together (the ``m``/``l`` half of
+    :func:`online_softmax_update`, which rescales ``l`` whenever ``m`` grows); a
     second pass writes ``exp(x - m) / l``. The result equals ``torch.softmax``
     (also its ``NaN`` for a row that is ``-inf`` everywhere).
 
@@ -214,18 +198,12 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
         raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim() - 1}], got {dim!r}")
     block_size = check_int("block_size", block_size, minimum=1)
 
-    shape = list(x.shape)
-    shape[dim] = 1
-    row_max = x.new_full(shape, _NEG_INF)  # running maximum m
-    row_sum = x.new_zeros(shape)  # running sum l of exp(x - m)
-    for block in x.split(block_size, dim=dim):
-        new_max = torch.maximum(row_max, block.amax(dim=dim, keepdim=True))
-        shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)
-        row_sum = row_sum * torch.exp(row_max - shift) + torch.exp(block - shift).sum(
-            dim=dim, keepdim=True
-        )
-        row_max = new_max
-    return torch.exp(x - row_max) / row_sum
+    rows = x.movedim(dim, -1)  # (..., n): normalise over the last dim
+    row_max = rows.new_full((*rows.shape[:-1], 1), _NEG_INF)  # running maximum m
+    row_sum = torch.zeros_like(row_max)  # running sum l of exp(x - m)
+    for block in rows.split(block_size, dim=-1):
+        row_max, _, row_sum, _ = _fold_max_and_sum(row_max, row_sum, block, torch.exp)
+    return (torch.exp(rows - row_max) / row_sum).movedim(-1, dim)
 
 
 def tiled_attention(
@@ -259,12 +237,16 @@ def tiled_attention(
     are *all* removed by ``mask`` gets a zero output, never ``NaN`` (as the lib
     SDPA and torch >= 2.5), and ``Lk = 0`` gives zeros (as torch).
 
-    Without gradients (e.g. under ``torch.no_grad()``/``torch.inference_mode()``
-    or for inputs that do not require grad) the tiles are updated in place. If
-    an input requires grad, out-of-place ops are used so that autograd works;
-    autograd then stores every tile for the backward pass, so the memory saving
-    is for the forward pass only (a real kernel recomputes the tiles in the
-    backward pass instead; see chapter 8).
+    **Gradients.** The function is differentiable in ``query``, ``key`` and
+    ``value`` with the memory of the forward pass: instead of letting autograd
+    store every tile, it saves only the inputs, the output and the log-sum-exp
+    of every query row, and its backward pass recomputes each tile of
+    probabilities from them (FlashAttention-2's order: for each key block, for
+    each query block, ``dV += P^T dO``, ``dP = dO V^T``,
+    ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``, ``dQ += dS K * scale``,
+    ``dK += dS^T Q * scale``). A fully masked row gets zero gradients.
+    Dropout together with gradients is refused: the backward pass would have to
+    recompute exactly the dropout mask of the forward pass, which is not stored.
 
     Explained in chapter 8, *Efficient attention*.
 
@@ -275,8 +257,9 @@ def tiled_attention(
         mask: optional keep-mask broadcastable to ``(..., Lq, Lk)``: bool
             (``True`` = may attend) or 0/1 integer/float (``0`` = masked), as in
             :func:`~attention_lib.scaled_dot_product_attention`; it is read one
-            tile at a time.
-        dropout_p: dropout probability on the attention weights (0 = none).
+            tile at a time and never receives a gradient.
+        dropout_p: dropout probability on the attention weights (0 = none);
+            only without gradients.
         is_causal: if ``True``, query ``i`` may attend only to keys ``0 .. i``.
         scale: multiplier of the scores; defaults to ``1 / sqrt(d_k)``.
         block_size: ``(block_q, block_k)``, or one int for both: how many query
@@ -286,7 +269,7 @@ def tiled_attention(
         ``output`` of shape ``(..., Lq, d_v)`` (only the output: the weights are
         never formed), the leading dims ``...`` being those of ``query``,
         ``key`` and ``value`` broadcast together. float16/bfloat16 inputs are
-        computed in float32 and the output cast back.
+        computed in float32 (forward and backward) and the output cast back.
 
     Raises:
         TypeError: if ``query``/``key``/``value`` are not floating tensors of
@@ -295,8 +278,9 @@ def tiled_attention(
         ValueError: on a ``d_k`` mismatch between query and key, an ``Lk``
             mismatch between key and value, leading dims or a mask that do not
             broadcast, a numeric mask that is not 0/1, tensors on different
-            devices, ``dropout_p`` outside ``[0, 1)``, a non-positive ``scale`` or
-            a block size below 1.
+            devices, ``dropout_p`` outside ``[0, 1)``, a non-positive ``scale``, a
+            block size below 1, or ``dropout_p > 0`` while an input requires
+            grad (with gradients enabled).
 
     Shapes:
         - query: ``(..., Lq, d_k)``
@@ -310,62 +294,39 @@ def tiled_attention(
     )  # the broadcast leading dims "..."
     block_q, block_k = _check_block_size(block_size)
     q_len, k_len, d_k, d_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
-    # The user's mask (causal masking is done tile by tile below, never as a full matrix).
+    # The user's mask (causal masking is done tile by tile, never as a full matrix).
     keep = as_keep_mask(mask, q_len, k_len, batch_shape=batch_shape, device=query.device)
+    needs_grad = torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+    )
+    if needs_grad and dropout_p > 0.0:
+        raise ValueError(
+            f"tiled_attention cannot apply dropout (dropout_p={dropout_p!r}) while computing "
+            "gradients: its backward pass recomputes the attention weights tile by tile "
+            "and would need the same random dropout mask as the forward pass, which is "
+            "not stored. Use dropout_p=0.0, or disable gradients (torch.no_grad()), or "
+            "use the 'lib' or 'torch' backend for training with attention dropout."
+        )
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
 
+    # float16/bfloat16 are computed in float32. The leading dims are broadcast and
+    # flattened into one batch dim N, so that every tile is one batched matmul
+    # (bmm) over all batches and heads at once; autograd sums the gradients of
+    # these views back over the broadcast dims and casts them to the input dtype.
     out_dtype = query.dtype
     dtype = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
-    inplace = not (
-        torch.is_grad_enabled()
-        and (query.requires_grad or key.requires_grad or value.requires_grad)
-    )
-
-    # Flatten the broadcast leading dims into one batch dim so that every tile is
-    # one batched matmul (bmm) over all batches and heads at once.
     n = math.prod(batch_shape)
     q = query.to(dtype).expand(*batch_shape, q_len, d_k).reshape(n, q_len, d_k)  # (N, Lq, d_k)
     k = key.to(dtype).expand(*batch_shape, k_len, d_k).reshape(n, k_len, d_k)  # (N, Lk, d_k)
     v = value.to(dtype).expand(*batch_shape, k_len, d_v).reshape(n, k_len, d_v)  # (N, Lk, d_v)
-    k_t = k.transpose(1, 2)  # (N, d_k, Lk), a view
     if keep is not None:
-        keep = keep.expand(*batch_shape, q_len, k_len)  # a view, no copy
-
-    out = q.new_empty(n, q_len, d_v)  # (N, Lq, d_v)
-    # Without autograd, every score tile is written into one reused buffer
-    # (allocating a fresh tile per step costs page faults and cache misses).
-    tile_buffer = q.new_empty(n * min(block_q, q_len) * min(block_k, k_len)) if inplace else None
-    for q_start in range(0, q_len, block_q):
-        q_end = min(q_start + block_q, q_len)
-        # Scores in base-2 units: scale * log2(e) is folded into the query block,
-        # and the online softmax uses exp2, which is cheaper than exp.
-        q_block = q[:, q_start:q_end] * (scale * _LOG2_E)  # (N, bq, d_k)
-        state = OnlineSoftmaxState.empty((n,), q_end - q_start, d_v, dtype=dtype, device=q.device)
-        # Causal: query i sees keys j <= i, so keys from q_end on are never seen by
-        # this query block -- those tiles are skipped entirely.
-        k_stop = min(k_len, q_end) if is_causal else k_len
-        for k_start in range(0, k_stop, block_k):
-            k_end = min(k_start + block_k, k_stop)
-            k_block_t = k_t[:, :, k_start:k_end]  # (N, d_k, bk)
-            if tile_buffer is None:
-                scores = torch.bmm(q_block, k_block_t)  # (N, bq, bk)
-            else:
-                scores = tile_buffer[: n * (q_end - q_start) * (k_end - k_start)].view(
-                    n, q_end - q_start, k_end - k_start
-                )  # (N, bq, bk), a view of the buffer
-                torch.bmm(q_block, k_block_t, out=scores)
-            if is_causal and k_end - 1 > q_start:
-                # The diagonal crosses this tile: hide key j > query i.
-                hidden = _causal_hidden(q_start, q_end, k_start, k_end, q.device)  # (bq, bk)
-                scores = _hide(scores, hidden, inplace)
-            if keep is not None:
-                tile_keep = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view
-                scores = _hide(scores, ~tile_keep.reshape(n, q_end - q_start, -1), inplace)
-            state = online_softmax_update(
-                state, scores, v[:, k_start:k_end], base2=True, dropout_p=dropout_p, inplace=inplace
-            )
-        out[:, q_start:q_end] = state.output()  # (N, bq, d_v)
+        keep = keep.expand(*batch_shape, q_len, k_len)  # (..., Lq, Lk), a view, no copy
+    tiles = _Tiles(batch_shape, block_q, block_k, is_causal, scale)
+    if needs_grad:
+        out = _TiledAttention.apply(q, k, v, keep, tiles)  # (N, Lq, d_v)
+    else:
+        out, _ = _tiled_forward(q, k, v, keep, tiles, dropout_p)  # (N, Lq, d_v)
     return out.reshape(*batch_shape, q_len, d_v).to(out_dtype)  # (..., Lq, d_v)
 
 
@@ -402,13 +363,226 @@ def tiled_backend(
     return tiled_attention(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
 
 
-def _causal_hidden(
-    q_start: int, q_end: int, k_start: int, k_end: int, device: torch.device
-) -> Tensor:
-    """Bool ``(q_end - q_start, k_end - k_start)``: ``True`` where key ``j > i``."""
-    rows = torch.arange(q_start, q_end, device=device).unsqueeze(1)  # (bq, 1)
-    cols = torch.arange(k_start, k_end, device=device)  # (bk,)
-    return cols > rows  # (bq, bk)
+# --------------------------------------------------------------------------- private cores
+# Everything below is unchecked: the public functions above validate once, then
+# call these (the tile loops run thousands of times per call at long lengths).
+
+
+class _Tiles(NamedTuple):
+    """How the ``(N, Lq, Lk)`` score matrix is cut into tiles, and what is kept."""
+
+    batch_shape: tuple[int, ...]  # the leading dims "..." flattened into N
+    block_q: int
+    block_k: int
+    is_causal: bool
+    scale: float
+
+    def key_stop(self, q_end: int, k_len: int) -> int:
+        """End of the keys that the query block ending at ``q_end`` sees."""
+        # Causal: query i sees keys j <= i, so keys from q_end on are never seen
+        # by this query block; their tiles are skipped entirely.
+        return min(k_len, q_end) if self.is_causal else k_len
+
+    def first_query(self, k_start: int) -> int:
+        """Start of the first query block that sees the key block at ``k_start``."""
+        return k_start // self.block_q * self.block_q if self.is_causal else 0
+
+    def keep_tile(
+        self, keep: Tensor | None, q_start: int, q_end: int, k_start: int, k_end: int, n: int
+    ) -> Tensor | None:
+        """Bool keep-mask of one tile, ``(N or 1, bq, bk)``; ``None`` = keep all."""
+        tile_keep = None
+        if self.is_causal and k_end - 1 > q_start:  # the diagonal crosses this tile
+            rows = torch.arange(q_start, q_end, device=_device(keep)).unsqueeze(1)  # (bq, 1)
+            cols = torch.arange(k_start, k_end, device=rows.device)  # (bk,)
+            tile_keep = (cols <= rows).unsqueeze(0)  # (1, bq, bk): key j <= query i
+        if keep is not None:
+            user = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view
+            user = user.reshape(n, q_end - q_start, k_end - k_start)  # (N, bq, bk)
+            tile_keep = user if tile_keep is None else user & tile_keep
+        return tile_keep
+
+
+def _device(t: Tensor | None) -> torch.device | None:
+    return None if t is None else t.device
+
+
+def _hide_blocked(scores: Tensor, tile_keep: Tensor | None) -> Tensor:
+    """Set the scores of the pairs that ``tile_keep`` does not keep to ``-inf``, in place."""
+    if tile_keep is not None:
+        scores.masked_fill_(tile_keep.logical_not(), _NEG_INF)
+    return scores
+
+
+def _fold_max_and_sum(
+    row_max: Tensor, row_sum: Tensor, scores: Tensor, exp, *, inplace: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The online-softmax recurrence for ``m`` and ``l`` over one block of scores.
+
+    Returns ``(new_max, rescale, new_sum, weights)``: ``rescale = exp(m - m')``
+    and the block's un-normalised ``weights = exp(s - m')``. With ``inplace``,
+    ``scores`` and ``row_sum`` are overwritten.
+    """
+    new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1)
+    # A row that has seen no key yet still has m = -inf; exp(-inf - (-inf)) would
+    # be NaN, so shift such rows by 0 instead (their exponentials are all 0).
+    shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # (..., Lq, 1)
+    rescale = exp(row_max - shift)  # (..., Lq, 1); 0 on the first block
+    if inplace:
+        weights = exp(scores.sub_(shift), out=scores)  # (..., Lq, block_k)
+        new_sum = row_sum.mul_(rescale).add_(weights.sum(dim=-1, keepdim=True))
+    else:
+        weights = exp(scores - shift)  # (..., Lq, block_k), un-normalised
+        new_sum = row_sum * rescale + weights.sum(dim=-1, keepdim=True)
+    return new_max, rescale, new_sum, weights
+
+
+def _update(
+    state: OnlineSoftmaxState,
+    scores: Tensor,
+    value: Tensor,
+    *,
+    base2: bool,
+    dropout_p: float,
+    inplace: bool,
+) -> OnlineSoftmaxState:
+    """:func:`online_softmax_update` without the checks."""
+    exp = torch.exp2 if base2 else torch.exp
+    new_max, rescale, row_sum, weights = _fold_max_and_sum(
+        state.row_max, state.row_sum, scores, exp, inplace=inplace
+    )
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    if not inplace:
+        return OnlineSoftmaxState(new_max, row_sum, state.acc * rescale + weights @ value)
+    acc = state.acc.mul_(rescale)
+    if acc.dim() == 3:
+        acc = acc.baddbmm_(weights, value)  # (N, Lq, d_v), fused multiply-add
+    else:
+        acc = acc.add_(weights @ value)  # (..., Lq, d_v)
+    return OnlineSoftmaxState(new_max, row_sum, acc)
+
+
+def _attend_query_block(
+    q_block: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    q_start: int,
+    tiles: _Tiles,
+    dropout_p: float,
+    tile_buffer: Tensor,
+) -> OnlineSoftmaxState:
+    """One query block against its keys, one ``(bq, bk)`` tile at a time.
+
+    ``q_block`` ``(N, bq, d_k)`` is already multiplied by ``scale * log2(e)``
+    (scores in base-2 units). Every tile is written into ``tile_buffer``.
+    """
+    n, bq, _ = q_block.shape
+    q_end, d_v = q_start + bq, v.shape[-1]
+    state = OnlineSoftmaxState.empty((n,), bq, d_v, dtype=q_block.dtype, device=q_block.device)
+    k_stop = tiles.key_stop(q_end, k.shape[1])
+    for k_start in range(0, k_stop, tiles.block_k):
+        k_end = min(k_start + tiles.block_k, k_stop)
+        scores = tile_buffer[: n * bq * (k_end - k_start)].view(n, bq, k_end - k_start)
+        torch.bmm(q_block, k[:, k_start:k_end].transpose(1, 2), out=scores)  # (N, bq, bk)
+        _hide_blocked(scores, tiles.keep_tile(keep, q_start, q_end, k_start, k_end, n))
+        state = _update(
+            state, scores, v[:, k_start:k_end], base2=True, dropout_p=dropout_p, inplace=True
+        )
+    return state
+
+
+def _tiled_forward(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, tiles: _Tiles, dropout_p: float
+) -> tuple[Tensor, Tensor]:
+    """Tiled attention over flattened ``(N, L, d)`` tensors, without autograd.
+
+    Returns ``(out, lse)``: ``out`` ``(N, Lq, d_v)`` and ``lse`` ``(N, Lq, 1)``,
+    the log-sum-exp of every row's scores in base-2 units
+    (``log2 sum_j 2^(s_j log2 e)``; ``-inf`` for a row that sees no key).
+    """
+    n, q_len, _ = q.shape
+    k_len, d_v = v.shape[1:]
+    out = q.new_empty(n, q_len, d_v)  # (N, Lq, d_v)
+    lse = q.new_empty(n, q_len, 1)  # (N, Lq, 1)
+    # Every score tile is written into one reused buffer (allocating a fresh tile
+    # per step costs page faults and cache misses).
+    tile_buffer = q.new_empty(n * min(tiles.block_q, q_len) * min(tiles.block_k, k_len))
+    for q_start in range(0, q_len, tiles.block_q):
+        q_end = min(q_start + tiles.block_q, q_len)
+        # Scores in base-2 units: scale * log2(e) is folded into the query block,
+        # and the online softmax uses exp2, which is cheaper than exp.
+        q_block = q[:, q_start:q_end] * (tiles.scale * _LOG2_E)  # (N, bq, d_k)
+        state = _attend_query_block(q_block, k, v, keep, q_start, tiles, dropout_p, tile_buffer)
+        out[:, q_start:q_end] = state.output()  # (N, bq, d_v)
+        lse[:, q_start:q_end] = state.row_max + torch.log2(state.row_sum)  # (N, bq, 1)
+    return out, lse
+
+
+def _tiled_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    keep: Tensor | None,
+    tiles: _Tiles,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of tiled attention, recomputing each tile of ``P`` from ``lse``.
+
+    FlashAttention-2's order: the key block is the outer loop (so each key
+    block's ``dK`` and ``dV`` stay local), the query block the inner one.
+    """
+    n, q_len, _ = q.shape
+    k_len = k.shape[1]
+    q2 = q * (tiles.scale * _LOG2_E)  # (N, Lq, d_k): scores in base-2 units
+    # P = exp2(s - lse). A row that sees no key has lse = -inf; +inf makes its
+    # P = exp2(-inf - inf) = 0 instead of NaN, so its gradients are zero.
+    lse = lse.masked_fill(lse == _NEG_INF, float("inf"))  # (N, Lq, 1)
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # D = rowsum(dO * O), (N, Lq, 1)
+    grad_q = torch.zeros_like(q)  # (N, Lq, d_k)
+    grad_k = torch.zeros_like(k)  # (N, Lk, d_k)
+    grad_v = torch.zeros_like(v)  # (N, Lk, d_v)
+    for k_start in range(0, k_len, tiles.block_k):
+        k_end = min(k_start + tiles.block_k, k_len)
+        k_block, v_block = k[:, k_start:k_end], v[:, k_start:k_end]  # (N, bk, d_k), (N, bk, d_v)
+        grad_k_block, grad_v_block = grad_k[:, k_start:k_end], grad_v[:, k_start:k_end]  # views
+        for q_start in range(tiles.first_query(k_start), q_len, tiles.block_q):
+            q_end = min(q_start + tiles.block_q, q_len)
+            rows = slice(q_start, q_end)
+            scores = torch.bmm(q2[:, rows], k_block.transpose(1, 2))  # (N, bq, bk)
+            _hide_blocked(scores, tiles.keep_tile(keep, q_start, q_end, k_start, k_end, n))
+            probs = torch.exp2(scores.sub_(lse[:, rows]), out=scores)  # P, (N, bq, bk)
+            grad_v_block.baddbmm_(probs.transpose(1, 2), grad_out[:, rows])  # dV += P^T dO
+            grad_probs = torch.bmm(grad_out[:, rows], v_block.transpose(1, 2))  # dP = dO V^T
+            grad_scores = grad_probs.sub_(delta[:, rows]).mul_(probs)  # dS = P * (dP - D)
+            grad_q[:, rows].baddbmm_(grad_scores, k_block, alpha=tiles.scale)  # dQ += dS K s
+            grad_k_block.baddbmm_(grad_scores.transpose(1, 2), q[:, rows], alpha=tiles.scale)
+    return grad_q, grad_k, grad_v
+
+
+class _TiledAttention(torch.autograd.Function):
+    """Tiled attention whose backward pass recomputes the tiles (FlashAttention-2).
+
+    Saves only ``q``, ``k``, ``v``, the output and the per-row log-sum-exp:
+    ``O(N * L * d)`` memory, never a ``(Lq, Lk)`` matrix.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, tiles: _Tiles):
+        out, lse = _tiled_forward(q, k, v, keep, tiles, 0.0)
+        ctx.save_for_backward(q, k, v, out, lse, keep)
+        ctx.tiles = tiles
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out, lse, keep = ctx.saved_tensors
+        grads = _tiled_backward(grad_out.contiguous(), q, k, v, out, lse, keep, ctx.tiles)
+        return (*grads, None, None)
 
 
 def _check_update(state: object, scores: object, value: object) -> None:
@@ -434,13 +608,6 @@ def _check_update(state: object, scores: object, value: object) -> None:
             f"{tuple(state.row_max.shape)}, row_sum {tuple(state.row_sum.shape)}, acc "
             f"{acc_shape}, scores {scores_shape}, value {value_shape}"
         )
-
-
-def _hide(scores: Tensor, hidden: Tensor, inplace: bool) -> Tensor:
-    """Set the scores of hidden query/key pairs to ``-inf``."""
-    if inplace:
-        return scores.masked_fill_(hidden, _NEG_INF)
-    return scores.masked_fill(hidden, _NEG_INF)
 
 
 def _type_name(x: object) -> str:

@@ -26,6 +26,7 @@ from attention_lib import (
     scaled_dot_product_attention,
     tiled_attention,
 )
+from attention_lib import tiled as tiled_module
 from attention_lib.tiled import DEFAULT_BLOCK_SIZE, tiled_backend
 
 
@@ -42,12 +43,12 @@ def _single_thread():
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
-def qkv(batch, lq, lk, d_k, d_v, dtype=torch.float32, seed=0):
+def qkv(batch, lq, lk, d_k, d_v, dtype=torch.float32, seed=0, requires_grad=False):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(*batch, lq, d_k, generator=gen, dtype=dtype)
     k = torch.randn(*batch, lk, d_k, generator=gen, dtype=dtype)
     v = torch.randn(*batch, lk, d_v, generator=gen, dtype=dtype)
-    return q, k, v
+    return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -339,26 +340,6 @@ def test_inputs_not_modified_and_inference_mode() -> None:
     assert max_err(out, expected) <= 1e-5
 
 
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_gradients_match_torch(is_causal) -> None:
-    q, k, v = qkv((2, 2), 11, 9, 4, 3, torch.float64, seed=2)
-    mine = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = [t.clone().requires_grad_() for t in (q, k, v)]
-    grad_out = torch.randn(2, 2, 11, 3, dtype=torch.float64)
-    tiled_attention(*mine, is_causal=is_causal, block_size=(4, 3)).backward(grad_out)
-    F.scaled_dot_product_attention(*ref, is_causal=is_causal).backward(grad_out)
-    for a, b in zip(mine, ref):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=0)
-
-
-def test_gradcheck_fp64() -> None:
-    q, k, v = (t.requires_grad_() for t in qkv((1,), 5, 4, 3, 2, torch.float64, seed=4))
-    mask = torch.tensor([[1, 1, 0, 1]] * 5, dtype=torch.bool)
-    assert torch.autograd.gradcheck(
-        lambda q, k, v: tiled_attention(q, k, v, mask, is_causal=True, block_size=2), (q, k, v)
-    )
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision_computed_in_float32(dtype) -> None:
     q, k, v = qkv((2, 2), 33, 33, 16, 8)
@@ -383,6 +364,254 @@ def test_dropout() -> None:
     torch.manual_seed(1)
     mean = torch.stack([tiled_attention(q, k, v, dropout_p=0.5, block_size=2) for _ in range(4000)]).mean(0)
     torch.testing.assert_close(mean, exact, atol=0.05, rtol=0.05)
+
+
+# --------------------------------------------------------------------------- backward pass
+
+# (name, batch, Lq, Lk, mask kind, is_causal): the cases issue 14 lists, and more.
+GRAD_CASES = [
+    ("no mask", (2, 3), 37, 37, None, False),
+    ("mask", (2, 3), 37, 29, "random", False),
+    ("causal", (2, 3), 37, 37, None, True),
+    ("Lq > Lk causal", (2, 3), 41, 23, None, True),
+    ("Lq < Lk causal", (2, 3), 23, 41, None, True),
+    ("mask + causal", (2, 3), 37, 37, "random", True),
+    ("fully masked row", (2, 3), 37, 29, "empty rows", False),
+    ("padding", (2, 3), 37, 37, "padding", True),
+]
+GRAD_IDS = [case[0] for case in GRAD_CASES]
+
+
+def grad_mask(kind, batch, lq, lk, seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    if kind is None:
+        return None
+    if kind == "padding":
+        return torch.arange(lk) < torch.tensor([lk, 9]).view(2, 1, 1, 1)  # (2, 1, 1, Lk)
+    mask = torch.rand(*batch[:1], 1, lq, lk, generator=gen) > 0.4  # (B, 1, Lq, Lk)
+    if kind == "empty rows":
+        mask[0, 0, 3] = False
+        mask[1, 0, -1] = False
+    return mask
+
+
+def torch_sdpa(q, k, v, mask, is_causal):
+    """F.scaled_dot_product_attention, which refuses a mask together with is_causal."""
+    if mask is not None and is_causal:
+        mask = mask & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        is_causal = False
+    return F.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal)
+
+
+def grads(fn, inputs, grad_out):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    out.backward(grad_out)
+    return out, [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("name,batch,lq,lk,mask_kind,is_causal", GRAD_CASES, ids=GRAD_IDS)
+@pytest.mark.parametrize("block_size", [(8, 8), (16, 5), DEFAULT_BLOCK_SIZE])
+def test_gradients_equal_torch_sdpa_fp32(name, batch, lq, lk, mask_kind, is_causal, block_size):
+    """fp32, unit-scale inputs: every gradient within 1e-5 of F.scaled_dot_product_attention."""
+    q, k, v = qkv(batch, lq, lk, 16, 8, seed=lq + lk)
+    mask = grad_mask(mask_kind, batch, lq, lk)
+    grad_out = torch.randn(*batch, lq, 8, generator=torch.Generator().manual_seed(1))
+    out, mine = grads(
+        lambda q, k, v: tiled_attention(q, k, v, mask, is_causal=is_causal, block_size=block_size),
+        (q, k, v),
+        grad_out,
+    )
+    expected, theirs = grads(
+        lambda q, k, v: torch_sdpa(q, k, v, mask, is_causal),
+        (q, k, v),
+        grad_out,
+    )
+    assert max_err(out, expected) <= 1e-5
+    for label, a, b in zip("qkv", mine, theirs):
+        assert torch.isfinite(a).all()
+        assert max_err(a, b) <= 1e-5, (label, max_err(a, b))
+    if mask_kind == "empty rows":  # a row that sees no key: zero gradient, never NaN
+        assert (mine[0][0, :, 3] == 0).all() and (mine[0][1, :, -1] == 0).all()
+
+
+@pytest.mark.parametrize("name,batch,lq,lk,mask_kind,is_causal", GRAD_CASES, ids=GRAD_IDS)
+def test_gradcheck_fp64(name, batch, lq, lk, mask_kind, is_causal) -> None:
+    """Small shapes, several tiles per side: torch.autograd.gradcheck in fp64."""
+    batch, lq, lk = (2, 1), max(lq // 4, 3), max(lk // 4, 3)
+    q, k, v = qkv(batch, lq, lk, 3, 2, torch.float64, seed=lq * lk, requires_grad=True)
+    mask = grad_mask(mask_kind, batch, lq, lk)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: tiled_attention(q, k, v, mask, is_causal=is_causal, block_size=(3, 2)),
+        (q, k, v),
+    )
+
+
+def test_gradients_through_broadcast_leading_dims() -> None:
+    """Shared keys/values (e.g. one head for all queries) get their gradients summed."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 11, 6, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 1, 13, 6, generator=gen, dtype=torch.float64)
+    v = torch.randn(4, 13, 5, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(2, 4, 11, 5, generator=gen, dtype=torch.float64)
+    _, mine = grads(lambda *t: tiled_attention(*t, is_causal=True, block_size=4), (q, k, v), grad_out)
+    _, theirs = grads(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), (q, k, v), grad_out)
+    for a, b, t in zip(mine, theirs, (q, k, v)):
+        assert a.shape == t.shape
+        assert max_err(a, b) <= 1e-10
+    q, k, v = (t.requires_grad_() for t in (q[:1, :2, :5], k[..., :4, :], v[:2, :4]))
+    assert torch.autograd.gradcheck(lambda *t: tiled_attention(*t, block_size=2), (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_gradients_computed_in_float32(dtype) -> None:
+    q, k, v = (t.to(dtype) for t in qkv((2, 2), 33, 40, 16, 8))
+    grad_out = torch.randn(2, 2, 33, 8).to(dtype)
+    _, mine = grads(lambda *t: tiled_attention(*t, is_causal=True, block_size=8), (q, k, v), grad_out)
+    # the reference: float32 SDPA on the same (rounded) numbers
+    _, ref = grads(
+        lambda *t: F.scaled_dot_product_attention(*(x.float() for x in t), is_causal=True),
+        (q, k, v),
+        grad_out.float(),
+    )
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    for a, b in zip(mine, ref):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        assert max_err(a.float(), b) <= tol
+
+
+def test_dropout_with_gradients_raises_and_says_why() -> None:
+    q, k, v = qkv((2,), 6, 6, 4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match=r"cannot apply dropout .* while computing gradients: .* "
+                       r"recomputes the attention weights tile by tile .* not stored"):
+        tiled_attention(q, k, v, dropout_p=0.1)
+    with torch.no_grad():  # without gradients, dropout is fine
+        assert tiled_attention(q, k, v, dropout_p=0.1).shape == (2, 6, 4)
+    mha = MultiHeadAttention(8, 2, dropout=0.1, backend="tiled").train()
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"cannot apply dropout"):
+        mha(x, x, x)
+    mha.eval()(x, x, x).sum().backward()  # eval: no dropout, gradients flow
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_backward_saves_no_score_matrix(is_causal) -> None:
+    """Autograd keeps only q, k, v, the output and one log-sum-exp per row."""
+    lq, lk = 96, 80
+    q, k, v = qkv((2, 3), lq, lk, 4, 5, requires_grad=True)
+    mask = torch.rand(lq, lk, generator=torch.Generator().manual_seed(0)) > 0.2
+    saved = {}  # shape -> the tensor autograd keeps
+
+    def pack(t):
+        saved[tuple(t.shape)] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = tiled_attention(q, k, v, mask, is_causal=is_causal, block_size=16)
+    # q, k, v, out, lse, and the caller's own mask (a view of it, expanded: no copy)
+    assert sorted(saved) == sorted(
+        [(6, lq, 4), (6, lk, 4), (6, lk, 5), (6, lq, 5), (6, lq, 1), (2, 3, lq, lk)]
+    )
+    assert saved[(2, 3, lq, lk)].data_ptr() == mask.data_ptr()
+    assert saved[(2, 3, lq, lk)].untyped_storage().nbytes() == lq * lk  # one bool each
+    # the naive version keeps (Lq, Lk) weights per batch and head
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal)
+    assert saved[(2, 3, lq, lk)].untyped_storage().nbytes() == 6 * lq * lk * 4
+    out.sum().backward()
+
+
+@pytest.mark.parametrize("lq,lk,block", [(64, 64, 16), (30, 10, (8, 4)), (10, 30, (4, 4))])
+def test_backward_skips_causal_tiles_and_never_builds_scores(lq, lk, block) -> None:
+    """The backward pass recomputes exactly the tiles that the forward pass computed."""
+    q, k, v = qkv((2,), lq, lk, 4, 4, requires_grad=True)
+    with _RecordOps() as rec:
+        tiled_attention(q, k, v, is_causal=True, block_size=block)
+    forward_tiles = rec.bmm_calls
+    out = tiled_attention(q, k, v, is_causal=True, block_size=block)
+    grad_out = torch.randn_like(out)
+    recomputed = []  # (q_start, q_end, k_start, k_end) of every tile of the backward pass
+    keep_tile = tiled_module._Tiles.keep_tile
+
+    def recording_keep_tile(self, keep, *bounds):
+        recomputed.append(bounds[:4])
+        return keep_tile(self, keep, *bounds)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiled_module._Tiles, "keep_tile", recording_keep_tile)
+        out.backward(grad_out)
+    assert len(recomputed) == len(set(recomputed)) == forward_tiles  # each tile once
+    assert all(k_start < q_end for _, q_end, k_start, _ in recomputed)  # none above the diagonal
+    _, ref = grads(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), (q, k, v), grad_out)
+    for a, b in zip((q.grad, k.grad, v.grad), ref):
+        assert max_err(a, b) <= 1e-5
+
+
+# --------------------------------------------------------------------------- validate once
+
+
+def test_empty_batch_with_mask_gives_empty_output() -> None:
+    """Regression (issue 11, defect 3): B = 0 with a mask crashed with a reshape error."""
+    q, k, v = qkv((0, 4), 5, 7, 8, 3)
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    for is_causal in (False, True):
+        out = tiled_attention(q, k, v, mask, is_causal=is_causal, block_size=2)
+        assert out.shape == (0, 4, 5, 3)
+    padding = torch.ones(0, 1, 1, 7, dtype=torch.bool)  # a (B, 1, 1, Lk) padding mask
+    assert tiled_attention(q, k, v, padding, block_size=2).shape == (0, 4, 5, 3)
+    mha = MultiHeadAttention(16, 4, backend="tiled")
+    x = torch.randn(0, 5, 16)
+    assert mha(x, x, x, torch.ones(0, 1, 1, 5, dtype=torch.bool)).shape == (0, 5, 16)
+    q.requires_grad_()
+    tiled_attention(q, k, v, mask, block_size=2).sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_tile_loop_calls_no_public_validation(monkeypatch) -> None:
+    """Regression (issue 11, item 6): the tile loop used the validated public
+    online_softmax_update (thousands of shape checks per call); it must check
+    the arguments once, at the door."""
+    calls = {"update checks": 0, "attention checks": 0}
+    check_update, check_args = tiled_module._check_update, tiled_module.check_attention_args
+
+    def counting_update_check(*args):
+        calls["update checks"] += 1
+        return check_update(*args)
+
+    def counting_args_check(*args, **kwargs):
+        calls["attention checks"] += 1
+        return check_args(*args, **kwargs)
+
+    monkeypatch.setattr(tiled_module, "_check_update", counting_update_check)
+    monkeypatch.setattr(tiled_module, "check_attention_args", counting_args_check)
+    q, k, v = qkv((2,), 40, 40, 4, 4, requires_grad=True)
+    out = tiled_attention(q, k, v, torch.ones(40, 40), is_causal=True, block_size=4)  # 55 tiles
+    out.sum().backward()  # the backward pass checks nothing either
+    assert calls == {"update checks": 0, "attention checks": 1}
+    # the public update still checks its own arguments
+    state = OnlineSoftmaxState.empty((1,), 2, 3, dtype=torch.float32)
+    online_softmax_update(state, torch.randn(1, 2, 4), torch.randn(1, 4, 3))
+    assert calls["update checks"] == 1
+
+
+def test_online_softmax_uses_the_update_it_teaches(monkeypatch) -> None:
+    """Regression (issue 11, item 9): online_softmax had its own copy of the
+    recurrence; it must fold its blocks with the update's m/l step."""
+    folds = []
+    fold = tiled_module._fold_max_and_sum
+
+    def counting_fold(*args, **kwargs):
+        folds.append(args[2].shape)
+        return fold(*args, **kwargs)
+
+    monkeypatch.setattr(tiled_module, "_fold_max_and_sum", counting_fold)
+    x = torch.randn(3, 10, 4, dtype=torch.float64)
+    torch.testing.assert_close(online_softmax(x, 1, block_size=4), x.softmax(1))
+    assert folds == [(3, 4, 4), (3, 4, 4), (3, 4, 2)]  # blocks of 4, 4, 2 along dim 1
+    state = OnlineSoftmaxState.empty((1,), 2, 3, dtype=torch.float32)
+    online_softmax_update(state, torch.randn(1, 2, 4), torch.randn(1, 4, 3))
+    assert len(folds) == 4
 
 
 # --------------------------------------------------------------------------- bad input
