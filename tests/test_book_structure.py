@@ -123,7 +123,6 @@ MAX_LINE = 80  # the width of the HTML book's code column (issue 16, item 3)
 PENDING: set[str] = {
     "03_softmax.ipynb",
     "04_weighted_sum.ipynb",
-    "06_multi_head.ipynb",
     "07_learned_attention.ipynb",
     "08_efficient_attention.ipynb",
 }
