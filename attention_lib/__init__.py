@@ -28,9 +28,9 @@ __all__ += [
     "MultiHeadAttention",
 ]
 
-# --- visualisation: heatmaps and slider explorers (used by every chapter)
-from .explorer import SliderExplorer, explore  # noqa: E402
-from .viz import attention_grid, attention_heatmap  # noqa: E402
+# --- the display kit: heatmaps and slider explorers (used by every chapter)
+from .show.explorer import SliderExplorer, explore  # noqa: E402
+from .show.viz import attention_grid, attention_heatmap  # noqa: E402
 
 __all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer"]
 

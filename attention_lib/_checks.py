@@ -7,6 +7,9 @@ an opaque matmul error (or, worse, a silent wrong answer).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -101,12 +104,49 @@ def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
-    """``value`` must be an int (not a bool) ``>= minimum``; returns it."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` must be an integer (a Python or NumPy int, not a bool)
+    ``>= minimum``; returns it as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+    return int(value)
+
+
+def check_real(
+    name: str,
+    value: object,
+    *,
+    above: float | None = None,
+    at_least: float | None = None,
+    below: float | None = None,
+    at_most: float | None = None,
+) -> float:
+    """``value`` must be a finite real number (a Python or NumPy int or float, not a
+    bool) within the given bounds; returns it as a Python float.
+
+    A non-number raises ``TypeError``; a number out of range (or NaN/inf) raises
+    ``ValueError``. The message names the accepted range, e.g. "a finite real
+    number > 0".
+    """
+    bounds = [
+        f"{op} {bound:g}"
+        for op, bound in ((">", above), (">=", at_least), ("<", below), ("<=", at_most))
+        if bound is not None
+    ]
+    expected = "a finite real number" + (" " + " and ".join(bounds) if bounds else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+    x = float(value)
+    if not (
+        math.isfinite(x)
+        and (above is None or x > above)
+        and (at_least is None or x >= at_least)
+        and (below is None or x < below)
+        and (at_most is None or x <= at_most)
+    ):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return x
 
 
 def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_int, check_integer_tensor
+from .show.progress import progress_bar
 
 __all__ = [
     "TASKS",
@@ -281,31 +280,6 @@ class TrainingHistory:
     seconds: float = 0.0
 
 
-def _progress_bar(total: int) -> tuple[Any, Callable[[], None]]:
-    """A ``tqdm.auto`` progress bar and a function to call after closing it.
-
-    In a notebook, tqdm shows an ipywidgets bar whose plain-text form is frozen
-    at the moment it is displayed (0%). We display it ourselves with a display
-    id and refresh that display once at the end, so that a saved notebook (and
-    the HTML book built from it, which shows the plain text) holds the finished
-    bar instead of an empty one.
-    """
-    from tqdm.auto import tqdm
-
-    try:
-        from tqdm.notebook import tqdm as notebook_tqdm
-    except ImportError:  # pragma: no cover - tqdm always ships it
-        notebook_tqdm = None
-    if notebook_tqdm is None or not issubclass(tqdm, notebook_tqdm):
-        bar = tqdm(total=total, desc="training", unit="step")
-        return bar, lambda: None
-    from IPython.display import display
-
-    bar = tqdm(total=total, desc="training", unit="step", display=False)
-    handle = display(bar.container, display_id=True)
-    return bar, lambda: handle.update(bar.container) if handle is not None else None
-
-
 def train_token_classifier(
     model: nn.Module,
     inputs: Tensor,
@@ -370,7 +344,7 @@ def train_token_classifier(
     history = TrainingHistory()
     order = torch.empty(0, dtype=torch.long)
     loss_sum, loss_count = 0.0, 0
-    bar, finish_bar = _progress_bar(steps) if progress else (None, None)
+    bar, finish_bar = progress_bar(steps) if progress else (None, None)
     start = time.perf_counter()
     model.train()
     for step in range(1, steps + 1):

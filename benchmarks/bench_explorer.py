@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from attention_lib import attention_heatmap, explore  # noqa: E402
-from attention_lib.explorer import DEFAULT_DPI  # noqa: E402
+from attention_lib.show.explorer import DEFAULT_DPI  # noqa: E402
 
 TARGET_MS = 100.0
 TEMPERATURES = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]

@@ -1,4 +1,4 @@
-"""Tests for attention_lib.explorer: live widget, kernel-free HTML fallback, budgets."""
+"""Tests for attention_lib.show.explorer: live widget, kernel-free HTML fallback, budgets."""
 
 from __future__ import annotations
 
@@ -17,21 +17,29 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attention_lib import SliderExplorer, attention_heatmap, explore  # noqa: E402
-from attention_lib.explorer import WIDGET_VIEW_MIME  # noqa: E402
+from attention_lib.show.explorer import _ONINPUT_JS, WIDGET_VIEW_MIME  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DPI = 20  # tiny frames keep the tests fast
 
 
 class Recorder:
-    """A draw function that records its calls and draws a colour that depends on them."""
+    """A draw function that records its calls and draws a grey level per distinct call.
+
+    The level is the rank of the call's arguments among the distinct calls seen so
+    far: distinct values always draw distinct frames, and the same value always the
+    same frame. (A level from ``hash(repr(value))`` made the frames collide in ~6%
+    of runs, because Python randomises ``str`` hashes per process.)
+    """
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self._levels: dict[tuple, int] = {}
 
     def __call__(self, *args):
         self.calls.append(args)
-        level = (sum(hash(repr(a)) % 97 for a in args) % 97) / 96.0
+        rank = self._levels.setdefault(args, len(self._levels))
+        level = (rank % 11) / 10.0  # 11 grey levels, far apart in the colour map
         fig, ax = plt.subplots(figsize=(1, 1))
         ax.imshow(np.full((2, 2), level), vmin=0, vmax=1)
         ax.set_axis_off()
@@ -247,13 +255,17 @@ def test_tensor_and_array_values_become_python_numbers():
         (("t", "abc", Recorder()), {}, TypeError, r"values must be a sequence .*got str"),
         (("t", {1, 2}, Recorder()), {}, TypeError, r"got set"),
         (("t", [1, 2, 1], Recorder()), {}, ValueError, r"distinct values for 't'.*\['1'\]"),
-        (("", [1], Recorder()), {}, TypeError, r"name must be a non-empty str"),
+        (("", [1], Recorder()), {}, ValueError, r"name must be a non-empty str"),
+        ((3, [1], Recorder()), {}, TypeError, r"name must be a non-empty str .*got int"),
+        (("t", [1], Recorder()), {"max_frames": 2.5}, TypeError, r"max_frames must be an int >= 1, got float"),
+        (("t", [1], Recorder()), {"max_html_bytes": True}, TypeError, r"max_html_bytes must be an int >= 1, got bool"),
+        (("t", [1], Recorder()), {"dpi": "72"}, TypeError, r"dpi must be a finite real number >= 10 and <= 300, got str"),
         (("t", [1], "not callable"), {}, TypeError, r"draw must be callable, got str"),
         (("t", [1], Recorder()), {"name2": "u"}, ValueError, r"name2 and values2 go together"),
         (("t", [1], Recorder()), {"values2": [1]}, ValueError, r"name2 and values2 go together"),
         (("t", [1], Recorder()), {"name2": "t", "values2": [1]}, ValueError, r"name2 must differ from name"),
         (("t", [1], Recorder()), {"max_frames": 0}, ValueError, r"max_frames must be an int >= 1"),
-        (("t", [1], Recorder()), {"dpi": 0}, ValueError, r"dpi must be a number in \[10, 300\]"),
+        (("t", [1], Recorder()), {"dpi": 0}, ValueError, r"dpi must be a finite real number >= 10 and <= 300, got 0"),
         (("t", [1], lambda v: None), {}, TypeError, r"draw must return a matplotlib Figure \(or Axes\); draw\(1\) returned NoneType"),
         (("t", torch.zeros(2, 2), Recorder()), {}, ValueError, r"values must be 1-D, got shape \(2, 2\)"),
     ],
@@ -261,3 +273,9 @@ def test_tensor_and_array_values_become_python_numbers():
 def test_explore_rejects_bad_input(args, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         explore(*args, **kwargs)
+
+
+def test_inline_script_needs_no_escaping_in_a_double_quoted_attribute():
+    # The handler is written verbatim into oninput="...": a quote, an ampersand or
+    # a "<" would break the attribute or be read as markup.
+    assert not set(_ONINPUT_JS) & {'"', "&", "<"}

@@ -1,4 +1,4 @@
-"""Tests for attention_lib.viz: heatmaps show exactly the weights, labelled by tokens."""
+"""Tests for attention_lib.show.viz: heatmaps show exactly the weights, labelled by tokens."""
 
 from __future__ import annotations
 
@@ -122,6 +122,13 @@ def test_heatmap_custom_scale_for_scores():
         (torch.ones(2, 2, dtype=torch.complex64), {}, TypeError, r"real-valued"),
         (_weights(2, 2), {"cmap": "no-such-map"}, ValueError, r"cmap must be a matplotlib colour map name, got 'no-such-map'"),
         (_weights(2, 2), {"fmt": "%d"}, ValueError, r"fmt must be a float format spec such as '.2f', got '%d'"),
+        # wrong type -> TypeError, wrong value -> ValueError
+        (_weights(2, 2), {"cmap": 3}, TypeError, r"cmap must be a str, got int 3"),
+        (_weights(2, 2), {"fmt": None}, TypeError, r"fmt must be a str, got NoneType"),
+        (_weights(2, 2), {"vmin": "0"}, TypeError, r"vmin must be a finite real number, got str '0'"),
+        (_weights(2, 2), {"vmax": float("nan")}, ValueError, r"vmax must be a finite real number, got nan"),
+        (_weights(2, 2), {"annotate": 1}, TypeError, r"annotate must be a bool, got int 1"),
+        (_weights(2, 2), {"colorbar": "yes"}, TypeError, r"colorbar must be a bool, got str"),
     ],
 )
 def test_heatmap_rejects_bad_input(weights, kwargs, exc, pattern):
@@ -181,3 +188,23 @@ def test_grid_rejects_bad_input(weights, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         attention_grid(weights, **kwargs)
     assert plt.get_fignums() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"max_cols": True}, r"max_cols must be an int >= 1, got bool True"),
+        ({"max_cols": 2.0}, r"max_cols must be an int >= 1, got float 2.0"),
+        ({"panel_size": "2"}, r"panel_size must be a finite real number > 0, got str"),
+        ({"cmap": None}, r"cmap must be a str, got NoneType"),
+    ],
+)
+def test_grid_rejects_wrong_types_with_type_error(kwargs, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        attention_grid(_weights(2, 3, 3), **kwargs)
+    assert plt.get_fignums() == []
+
+
+def test_grid_accepts_numpy_integers():
+    fig = attention_grid(_weights(6, 3, 3), max_cols=np.int64(3), colorbar=False)
+    assert sum(bool(a.images) for a in fig.axes) == 6

@@ -36,11 +36,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._checks import check_int, check_real
+
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     import ipywidgets
     from matplotlib.figure import Figure
 
-__all__ = ["explore", "SliderExplorer", "WIDGET_VIEW_MIME"]
 
 #: MIME type of an ipywidgets view; the HTML book build gives it priority ``null``.
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -58,7 +59,6 @@ _ONINPUT_JS = (
     "f.style.display=on?'':'none';"
     "if(on){r.querySelector('.afs-label').textContent=f.dataset.label;}});"
 )
-assert '"' not in _ONINPUT_JS and "&" not in _ONINPUT_JS and "<" not in _ONINPUT_JS
 
 
 def _format_value(value: Any) -> str:
@@ -103,8 +103,12 @@ def _normalise_values(values: Any, arg: str, name: str) -> list[Any]:
 
 
 def _check_name(name: Any, arg: str) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise TypeError(f"{arg} must be a non-empty str (the parameter's name), got {name!r}")
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{arg} must be a non-empty str (the parameter's name), got {type(name).__name__}"
+        )
+    if not name.strip():
+        raise ValueError(f"{arg} must be a non-empty str (the parameter's name), got {name!r}")
     return name
 
 
@@ -186,18 +190,14 @@ class SliderExplorer:
             all_values.append(_normalise_values(values2, "values2", name2))
         if not callable(draw):
             raise TypeError(f"draw must be callable, got {type(draw).__name__}")
-        for arg, limit in (("max_frames", max_frames), ("max_html_bytes", max_html_bytes)):
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"{arg} must be an int >= 1, got {limit!r}")
-        if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 10 <= dpi <= 300:
-            raise ValueError(f"dpi must be a number in [10, 300], got {dpi!r}")
+        max_frames = check_int("max_frames", max_frames, minimum=1)
+        max_html_bytes = check_int("max_html_bytes", max_html_bytes, minimum=1)
+        dpi = check_real("dpi", dpi, at_least=10, at_most=300)
 
         self.names: tuple[str, ...] = tuple(names)
         self.values: tuple[list[Any], ...] = tuple(all_values)
         self.draw = draw
         self.dpi = dpi
-        self.max_frames = max_frames
-        self.max_html_bytes = max_html_bytes
         self._shape = tuple(len(v) for v in all_values)
         n_frames = 1
         for n in self._shape:
@@ -389,11 +389,12 @@ def explore(
         A :class:`SliderExplorer`; display it (last expression of a cell).
 
     Raises:
-        TypeError: a name is not a non-empty str, values are not a sequence,
-            ``draw`` is not callable or does not return a Figure/Axes.
-        ValueError: empty or repeated values, only one of ``name2``/``values2``,
-            more frames than ``max_frames``, HTML larger than ``max_html_bytes``,
-            or a bad ``dpi``.
+        TypeError: a name is not a str, values are not a sequence, ``draw`` is
+            not callable or does not return a Figure/Axes, ``max_frames`` or
+            ``max_html_bytes`` is not an int, or ``dpi`` is not a number.
+        ValueError: an empty name, empty or repeated values, only one of
+            ``name2``/``values2``, more frames than ``max_frames``, HTML larger
+            than ``max_html_bytes``, or a ``dpi`` outside ``[10, 300]``.
     """
     return SliderExplorer(
         name, values, draw, name2=name2, values2=values2,

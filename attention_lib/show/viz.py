@@ -19,13 +19,14 @@ import numpy
 import torch
 from torch import Tensor
 
+from .._checks import check_bool, check_int, check_real
+
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     from matplotlib.axes import Axes
     from matplotlib.colors import Colormap
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["attention_heatmap", "attention_grid"]
 
 #: Matrices up to this size (in both dimensions) get value annotations by default.
 ANNOTATE_MAX_SIDE = 8
@@ -61,6 +62,7 @@ def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) ->
 
 def _check_range(arr: numpy.ndarray, name: str, vmin: float, vmax: float) -> None:
     """Values outside the fixed colour scale would be clipped silently: refuse them."""
+    vmin, vmax = check_real("vmin", vmin), check_real("vmax", vmax)
     if not vmin < vmax:
         raise ValueError(f"vmin must be < vmax, got vmin={vmin!r}, vmax={vmax!r}")
     finite = arr[numpy.isfinite(arr)]
@@ -80,14 +82,23 @@ def _check_style(cmap: str, fmt: str) -> Colormap:
     """Validate the colour map name and annotation format before any figure exists."""
     import matplotlib
 
-    if not isinstance(cmap, str) or cmap not in matplotlib.colormaps:
+    for name, value in (("cmap", cmap), ("fmt", fmt)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+    if cmap not in matplotlib.colormaps:
         raise ValueError(f"cmap must be a matplotlib colour map name, got {cmap!r}")
     try:
         format(0.5, fmt)
-    except (TypeError, ValueError):
+    except ValueError:
         raise ValueError(f"fmt must be a float format spec such as '.2f', got {fmt!r}") from None
     # NaN cells (e.g. a fully masked row of a naive softmax) are drawn light grey.
     return matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
+
+
+def _check_flags(annotate: object, colorbar: object) -> None:
+    if annotate is not None:
+        check_bool("annotate", annotate)
+    check_bool("colorbar", colorbar)
 
 
 def _check_tokens(tokens: Sequence[Any] | None, name: str, length: int, axis: str) -> list[str] | None:
@@ -244,9 +255,12 @@ def attention_heatmap(
         image; its ``get_array()`` is the weight matrix).
 
     Raises:
-        TypeError: ``weights`` is not a tensor/array, or tokens are not a sequence.
+        TypeError: ``weights`` is not a tensor/array, tokens are not a sequence,
+            ``vmin``/``vmax`` are not numbers, ``cmap``/``fmt`` are not str or
+            ``annotate``/``colorbar`` are not bools.
         ValueError: ``weights`` is not 2-D or is empty, a token list has the wrong
-            length, or values lie outside ``[vmin, vmax]``.
+            length, values lie outside ``[vmin, vmax]``, or ``cmap``/``fmt`` is
+            not a colour map name/format spec.
 
     Shapes:
         - weights: ``(Lq, Lk)``
@@ -256,6 +270,7 @@ def attention_heatmap(
     lq, lk = arr.shape
     _check_range(arr, "weights", vmin, vmax)
     colours = _check_style(cmap, fmt)
+    _check_flags(annotate, colorbar)
     q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (row of weights)")
     k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (column of weights)")
     if annotate is None:
@@ -342,10 +357,13 @@ def attention_grid(
         shows it).
 
     Raises:
-        TypeError: ``weights`` is not a tensor/array, or labels are not sequences.
+        TypeError: ``weights`` is not a tensor/array, labels are not sequences,
+            ``max_cols`` is not an int, ``panel_size``/``vmin``/``vmax`` are not
+            numbers, ``cmap``/``fmt`` are not str or ``annotate``/``colorbar``
+            are not bools.
         ValueError: ``weights`` is not 3-D or 4-D, label/title lists have the
-            wrong length, ``row_titles`` is given for 3-D input, or values lie
-            outside ``[vmin, vmax]``.
+            wrong length, ``row_titles`` is given for 3-D input, values lie
+            outside ``[vmin, vmax]``, ``max_cols < 1`` or ``panel_size <= 0``.
 
     Shapes:
         - weights: ``(H, Lq, Lk)`` or ``(layers, H, Lq, Lk)``
@@ -353,6 +371,7 @@ def attention_grid(
     arr = _to_numpy(weights, "weights", (3, 4), "(H, Lq, Lk) or (layers, H, Lq, Lk)")
     _check_range(arr, "weights", vmin, vmax)
     colours = _check_style(cmap, fmt)
+    _check_flags(annotate, colorbar)
     four_d = arr.ndim == 4
     if not four_d:
         if row_titles is not None:
@@ -366,8 +385,8 @@ def attention_grid(
     k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (dim -1 of weights)")
     heads = _check_titles(col_titles, "col_titles", n_heads, "head") or [f"head {h}" for h in range(n_heads)]
     layers = _check_titles(row_titles, "row_titles", n_layers, "layer") or [f"layer {l}" for l in range(n_layers)]
-    if not isinstance(max_cols, int) or max_cols < 1:
-        raise ValueError(f"max_cols must be an int >= 1, got {max_cols!r}")
+    max_cols = check_int("max_cols", max_cols, minimum=1)
+    panel_size = check_real("panel_size", panel_size, above=0)
     if annotate is None:
         annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
 
