@@ -100,3 +100,17 @@ __all__ += [
     "predictable_positions",
     "predictable_accuracy",
 ]
+
+# --- attention in today's LLMs: RoPE, GQA/MQA, KV-cache memory (chapter 10)
+from .kv_memory import PUBLISHED_SHAPES, ModelShape, kv_cache_bytes, kv_cache_table  # noqa: E402
+from .rope import apply_rope, rope_frequencies, rope_permutation  # noqa: E402
+
+__all__ += [
+    "apply_rope",
+    "rope_frequencies",
+    "rope_permutation",
+    "ModelShape",
+    "PUBLISHED_SHAPES",
+    "kv_cache_bytes",
+    "kv_cache_table",
+]
