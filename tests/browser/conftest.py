@@ -30,6 +30,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TIMEOUT_MS = 15_000
+# The two screens the book is read on: a desktop and a phone (touch, mobile viewport).
+DESKTOP = {"viewport": {"width": 1280, "height": 900}}
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -93,9 +96,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     setattr(item, f"rep_{report.when}", report)
 
 
-def _new_context(browser, base_url: str):
+def _new_context(browser, base_url: str, screen: dict = DESKTOP):
     """A browser context that aborts, and records per page, every request to another host."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    context = browser.new_context(**screen, service_workers="block")
     context.set_default_timeout(TIMEOUT_MS)
     local = urlparse(base_url).netloc
     context.tabs = {}  # Page -> Tab
@@ -164,8 +167,8 @@ def tab_at(browser, request: pytest.FixtureRequest) -> Iterator[Callable[[str], 
     contexts: list[object] = []
     tabs: list[Tab] = []
 
-    def make(base_url: str) -> Tab:
-        context = _new_context(browser, base_url)
+    def make(base_url: str, screen: dict = DESKTOP) -> Tab:
+        context = _new_context(browser, base_url, screen)
         contexts.append(context)
         tabs.append(_new_tab(context, base_url))
         return tabs[-1]
@@ -184,9 +187,24 @@ def tab(tab_at: Callable[[str], Tab], base_url: str) -> Tab:
     return tab_at(base_url)
 
 
+@pytest.fixture
+def phone_tab(tab_at: Callable[..., Tab], base_url: str) -> Tab:
+    """A fresh page in a fresh context on a 390 x 844 touch screen."""
+    return tab_at(base_url, PHONE)
+
+
 @pytest.fixture(scope="session")
 def _loaded_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Tab]]]:
     context = _new_context(browser, base_url)
+    try:
+        yield context, {}
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="session")
+def _loaded_phone_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Tab]]]:
+    context = _new_context(browser, base_url, PHONE)
     try:
         yield context, {}
     finally:
@@ -201,7 +219,19 @@ def loaded(base_url: str, _loaded_pages: tuple[object, dict[str, Tab]],
     Loading every page once instead of once per test keeps the suite fast; tests that
     change a page (open menus, move sliders) use `tab` instead.
     """
-    context, cache = _loaded_pages
+    yield from _loaded(base_url, _loaded_pages, request)
+
+
+@pytest.fixture
+def loaded_phone(base_url: str, _loaded_phone_pages: tuple[object, dict[str, Tab]],
+                 request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+    """`loaded_phone(docname)`: like `loaded`, on a 390 x 844 touch screen."""
+    yield from _loaded(base_url, _loaded_phone_pages, request)
+
+
+def _loaded(base_url: str, pages: tuple[object, dict[str, Tab]],
+            request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+    context, cache = pages
     used: list[Tab] = []
 
     def get(docname: str) -> Tab:
