@@ -37,6 +37,13 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     )
     book = src / "book"
     book.mkdir()
+    # The book's own Sphinx extension, static files and templates, as _config.yml names them.
+    sphinx = config.get("sphinx", {})
+    folders = [*sphinx.get("local_extensions", {}).values(),
+               *sphinx.get("config", {}).get("html_static_path", []),
+               *sphinx.get("config", {}).get("templates_path", [])]
+    for folder in folders:
+        shutil.copytree(ROOT / folder, src / folder)
     for bib in config.get("bibtex_bibfiles", []):
         (src / bib).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / bib, src / bib)
