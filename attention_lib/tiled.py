@@ -216,6 +216,7 @@ def tiled_attention(
     is_causal: bool = False,
     scale: float | None = None,
     block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
+    window: int | None = None,
 ) -> Tensor:
     r"""Scaled dot-product attention computed tile by tile with an online softmax.
 
@@ -236,6 +237,12 @@ def tiled_attention(
     every query sees key 0, so no causal row is empty. A query row whose keys
     are *all* removed by ``mask`` gets a zero output, never ``NaN`` (as the lib
     SDPA and torch >= 2.5), and ``Lk = 0`` gives zeros (as torch).
+
+    **Sliding window.** With ``is_causal=True`` and ``window=w``, query ``i``
+    sees only keys ``i - w < j <= i`` (itself and the ``w - 1`` before it, as
+    in 🤗 transformers' sliding-window mask). Key blocks that lie entirely before the band are
+    skipped too, so at a fixed window the work grows linearly in ``Lq``, not
+    quadratically (chapter 10).
 
     **Gradients.** The function is differentiable in ``query``, ``key`` and
     ``value`` with the memory of the forward pass: instead of letting autograd
@@ -264,6 +271,8 @@ def tiled_attention(
         scale: multiplier of the scores; defaults to ``1 / sqrt(d_k)``.
         block_size: ``(block_q, block_k)``, or one int for both: how many query
             rows and key columns one score tile has.
+        window: with ``is_causal=True``, the sliding-window length ``w >= 1``;
+            ``None`` (default) for no window.
 
     Returns:
         ``output`` of shape ``(..., Lq, d_v)`` (only the output: the weights are
@@ -279,8 +288,9 @@ def tiled_attention(
             mismatch between key and value, leading dims or a mask that do not
             broadcast, a numeric mask that is not 0/1, tensors on different
             devices, ``dropout_p`` outside ``[0, 1)``, a non-positive ``scale``, a
-            block size below 1, or ``dropout_p > 0`` while an input requires
-            grad (with gradients enabled).
+            block size below 1, a ``window`` below 1 or without ``is_causal``,
+            or ``dropout_p > 0`` while an input requires grad (with gradients
+            enabled).
 
     Shapes:
         - query: ``(..., Lq, d_k)``
@@ -293,6 +303,13 @@ def tiled_attention(
         query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
     )  # the broadcast leading dims "..."
     block_q, block_k = _check_block_size(block_size)
+    if window is not None:
+        check_int("window", window, minimum=1)
+        if not is_causal:
+            raise ValueError(
+                f"window={window} needs is_causal=True (a sliding window is a causal "
+                "band: query i sees keys i - window < j <= i)"
+            )
     q_len, k_len, d_k, d_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     # The user's mask (causal masking is done tile by tile, never as a full matrix).
     keep = as_keep_mask(mask, q_len, k_len, batch_shape=batch_shape, device=query.device)
@@ -322,7 +339,7 @@ def tiled_attention(
     v = value.to(dtype).expand(*batch_shape, k_len, d_v).reshape(n, k_len, d_v)  # (N, Lk, d_v)
     if keep is not None:
         keep = keep.expand(*batch_shape, q_len, k_len)  # (..., Lq, Lk), a view, no copy
-    tiles = _Tiles(batch_shape, block_q, block_k, is_causal, scale)
+    tiles = _Tiles(batch_shape, block_q, block_k, is_causal, scale, window)
     if needs_grad:
         out = _TiledAttention.apply(q, k, v, keep, tiles)  # (N, Lq, d_v)
     else:
@@ -376,6 +393,16 @@ class _Tiles(NamedTuple):
     block_k: int
     is_causal: bool
     scale: float
+    window: int | None = None  # causal only: query i sees keys i - window < j <= i
+
+    def key_start(self, q_start: int) -> int:
+        """Start of the first key block that the query block at ``q_start`` sees."""
+        if self.window is None:
+            return 0
+        # Window: keys j <= q_start - window are seen by no query of this block;
+        # the key blocks that lie entirely before the band are skipped.
+        first_key = max(0, q_start - self.window + 1)
+        return first_key // self.block_k * self.block_k
 
     def key_stop(self, q_end: int, k_len: int) -> int:
         """End of the keys that the query block ending at ``q_end`` sees."""
@@ -387,15 +414,26 @@ class _Tiles(NamedTuple):
         """Start of the first query block that sees the key block at ``k_start``."""
         return k_start // self.block_q * self.block_q if self.is_causal else 0
 
+    def query_stop(self, k_end: int, q_len: int) -> int:
+        """End of the queries that see the key block ending at ``k_end``."""
+        # Window: key j is seen by queries j .. j + window - 1 only.
+        return q_len if self.window is None else min(q_len, k_end - 1 + self.window)
+
     def keep_tile(
         self, keep: Tensor | None, q_start: int, q_end: int, k_start: int, k_end: int, n: int
     ) -> Tensor | None:
         """Bool keep-mask of one tile, ``(N or 1, bq, bk)``; ``None`` = keep all."""
         tile_keep = None
-        if self.is_causal and k_end - 1 > q_start:  # the diagonal crosses this tile
+        crosses_diagonal = self.is_causal and k_end - 1 > q_start
+        # the lower edge of the window band, j > i - window, crosses this tile
+        crosses_band_edge = self.window is not None and k_start <= q_end - 1 - self.window
+        if crosses_diagonal or crosses_band_edge:
             rows = torch.arange(q_start, q_end, device=_device(keep)).unsqueeze(1)  # (bq, 1)
             cols = torch.arange(k_start, k_end, device=rows.device)  # (bk,)
-            tile_keep = (cols <= rows).unsqueeze(0)  # (1, bq, bk): key j <= query i
+            tile_keep = cols <= rows  # (bq, bk): key j <= query i
+            if crosses_band_edge:
+                tile_keep &= cols > rows - self.window  # ... and j > i - window
+            tile_keep = tile_keep.unsqueeze(0)  # (1, bq, bk)
         if keep is not None:
             user = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view
             user = user.reshape(n, q_end - q_start, k_end - k_start)  # (N, bq, bk)
@@ -482,7 +520,7 @@ def _attend_query_block(
     q_end, d_v = q_start + bq, v.shape[-1]
     state = OnlineSoftmaxState.empty((n,), bq, d_v, dtype=q_block.dtype, device=q_block.device)
     k_stop = tiles.key_stop(q_end, k.shape[1])
-    for k_start in range(0, k_stop, tiles.block_k):
+    for k_start in range(tiles.key_start(q_start), k_stop, tiles.block_k):
         k_end = min(k_start + tiles.block_k, k_stop)
         scores = tile_buffer[: n * bq * (k_end - k_start)].view(n, bq, k_end - k_start)
         torch.bmm(q_block, k[:, k_start:k_end].transpose(1, 2), out=scores)  # (N, bq, bk)
@@ -549,7 +587,8 @@ def _tiled_backward(
         k_end = min(k_start + tiles.block_k, k_len)
         k_block, v_block = k[:, k_start:k_end], v[:, k_start:k_end]  # (N, bk, d_k), (N, bk, d_v)
         grad_k_block, grad_v_block = grad_k[:, k_start:k_end], grad_v[:, k_start:k_end]  # views
-        for q_start in range(tiles.first_query(k_start), q_len, tiles.block_q):
+        q_stop = tiles.query_stop(k_end, q_len)
+        for q_start in range(tiles.first_query(k_start), q_stop, tiles.block_q):
             q_end = min(q_start + tiles.block_q, q_len)
             rows = slice(q_start, q_end)
             scores = torch.bmm(q2[:, rows], k_block.transpose(1, 2))  # (N, bq, bk)
