@@ -30,9 +30,11 @@ __all__ += [
 
 # --- the display kit: heatmaps and slider explorers (used by every chapter)
 from .show.explorer import SliderExplorer, explore  # noqa: E402
+from .show.style import smallest_text_px, use_book_style  # noqa: E402
 from .show.viz import attention_grid, attention_heatmap  # noqa: E402
 
-__all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer"]
+__all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer",
+            "use_book_style", "smallest_text_px"]
 
 # --- efficient attention: online softmax and tiled attention (chapter 8)
 from .tiled import (  # noqa: E402

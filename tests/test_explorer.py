@@ -279,3 +279,91 @@ def test_inline_script_needs_no_escaping_in_a_double_quoted_attribute():
     # The handler is written verbatim into oninput="...": a quote, an ampersand or
     # a "<" would break the attribute or be read as markup.
     assert not set(_ONINPUT_JS) & {'"', "&", "<"}
+
+
+# ----------------------------------------------------- start frame, labels, colour bar, k / N
+def test_start_opens_on_the_given_value_in_both_forms():
+    ex = explore("dₖ", [1, 4, 16, 64], Recorder(), dpi=DPI, start=16)
+    assert ex.start == (2,)
+    tags = Tags(ex.to_html())
+    (slider,) = tags.find("input", "afs-slider")
+    assert slider["value"] == "2"
+    shown = [f for f in tags.find("img", "afs-frame") if "display:none" not in f["style"]]
+    assert [f["data-index"] for f in shown] == ["2"]
+    assert tags.label_text == "dₖ = 16"
+    (live,), label, image = _live_parts(ex)
+    assert live.value == 2 and label.value == "dₖ = 16" and image.value == ex.frames[2]
+
+
+def test_start2_and_the_row_major_frame():
+    ex = explore("a", [0, 1], Recorder(), name2="b", values2=["x", "y", "z"], dpi=DPI,
+                 start=1, start2="z")
+    assert ex.start == (1, 2)
+    shown = [f for f in Tags(ex.to_html()).find("img", "afs-frame")
+             if "display:none" not in f["style"]]
+    assert [f["data-index"] for f in shown] == ["5"]  # 1 * 3 + 2
+
+
+def test_position_reads_k_of_n_and_follows_the_slider():
+    ex = explore("n", range(5), Recorder(), dpi=DPI, start=3)
+    html = ex.to_html()
+    assert '<span class="afs-position">4 / 5</span>' in html
+    assert "afs-position" in _ONINPUT_JS and "' / '" in _ONINPUT_JS
+    (slider,), _, _ = _live_parts(ex)
+    assert slider.readout and [o for o, _ in slider.options] == [f"{k} / 5" for k in range(1, 6)]
+
+
+def test_slider_has_a_touch_sized_styled_track():
+    html = explore("n", range(2), Recorder(), dpi=DPI).to_html()
+    style = re.search(r"<style>(.*?)</style>", html).group(1)
+    height = re.search(r"input\.afs-slider\{[^}]*height:(\d+)px", style)
+    assert height and int(height.group(1)) >= 24  # WCAG 2.5.8 target size
+    assert "accent-color" in style and ".afs-explorer " in style  # styled, scoped
+
+
+def test_label_function_names_frames_as_the_prose_does():
+    ex = explore("layer_head", ["l1h1", "l1h2"], Recorder(), name2="string", values2=[0, 1],
+                 dpi=DPI, label=lambda lh, s: f"{lh}, string {s}")
+    assert ex.frame_labels == ["l1h1, string 0", "l1h1, string 1",
+                               "l1h2, string 0", "l1h2, string 1"]
+    assert Tags(ex.to_html()).label_text == "l1h1, string 0"
+
+
+def test_colorbar_is_added_to_every_frame():
+    seen = []
+
+    def draw(t):
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.imshow(np.eye(3) * t, vmin=0, vmax=2)
+        seen.append(fig)
+        return fig
+
+    ex = explore("t", [1, 2], draw, dpi=DPI, colorbar="weight")
+    assert all(len(fig.axes) == 2 for fig in seen)  # the panel and its colour bar
+    assert seen[0].axes[1].get_ylabel() == "weight"
+    assert len(ex.frames) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"start": 5}, ValueError, r"start must be one of the values of 'n' \['0', '1', '2'\], got 5"),
+        ({"start2": 0}, ValueError, r"start2 needs a second slider"),
+        ({"label": "x"}, TypeError, r"label must be callable"),
+        ({"label": lambda v: None}, TypeError, r"label must return a non-empty str; label\(0\) returned None"),
+        ({"colorbar": 1}, TypeError, r"colorbar must be a str"),
+    ],
+)
+def test_bad_start_label_and_colorbar(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        explore("n", range(3), Recorder(), dpi=DPI, **kwargs)
+
+
+def test_colorbar_needs_an_image():
+    def draw(t):
+        fig, ax = plt.subplots(figsize=(1, 1))
+        ax.plot([0, t])
+        return fig
+
+    with pytest.raises(ValueError, match=r"colorbar='w' needs a colour-mapped image"):
+        explore("t", [1, 2], draw, dpi=DPI, colorbar="w")

@@ -3,7 +3,9 @@
 Everything that draws or displays lives here, apart from the algorithm:
 :mod:`attention_lib.show.viz` (heatmaps of attention weights),
 :mod:`attention_lib.show.explorer` (sliders that work with and without a
-kernel) and :mod:`attention_lib.show.progress` (the training progress bar).
+kernel), :mod:`attention_lib.show.style` (the figure rules every figure follows:
+dpi, font sizes, width) and :mod:`attention_lib.show.progress` (the training
+progress bar).
 matplotlib, ipywidgets, IPython and tqdm are imported only when a function
 here is called, so ``import attention_lib`` stays light; no module at the top
 level of ``attention_lib`` imports them.

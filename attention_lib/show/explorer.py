@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._checks import check_int, check_real
+from .style import DPI, book_style, smallest_font_pt
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     import ipywidgets
@@ -45,8 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
 
 #: MIME type of an ipywidgets view; the HTML book build gives it priority ``null``.
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
-#: Default resolution of the frames: small PNGs, fast live redraws.
-DEFAULT_DPI = 72
+#: Default resolution of the frames: the book's (attention_lib.show.style.DPI).
+DEFAULT_DPI = DPI
 
 # The kernel-free slider's only script: an inline ``oninput`` handler that finds
 # its own explorer by relative DOM navigation (so several explorers on one page
@@ -58,6 +59,28 @@ _ONINPUT_JS = (
     "r.querySelectorAll('img.afs-frame').forEach(function(f){var on=+f.dataset.index===i;"
     "f.style.display=on?'':'none';"
     "if(on){r.querySelector('.afs-label').textContent=f.dataset.label;}});"
+    "var p=this.parentNode.querySelector('.afs-position');"
+    "p.textContent=(+this.value+1)+' / '+(+this.max+1);"
+)
+
+# The kernel-free slider's look: a track of the page's width (up to 24em), a thumb and a
+# touch target of at least 28 px (WCAG 2.5.8 asks for 24), and the "k / N" position.
+# Scoped to .afs-explorer; written once per explorer, so that it also works outside the
+# book (JupyterLab, nbviewer) where the book's CSS is absent.
+_STYLE = (
+    "<style>"
+    ".afs-explorer .afs-control{display:flex;flex-wrap:wrap;align-items:center;"
+    "gap:0.25em 0.75em;margin:0.25em 0}"
+    ".afs-explorer .afs-name{font-weight:600}"
+    ".afs-explorer input.afs-slider{flex:1 1 12em;max-width:24em;min-width:8em;height:28px;"
+    "margin:0;accent-color:#2a6fbb;cursor:pointer;touch-action:pan-y}"
+    ".afs-explorer input.afs-slider:focus-visible{outline:2px solid #2a6fbb;"
+    "outline-offset:2px}"
+    ".afs-explorer .afs-position{font-variant-numeric:tabular-nums;min-width:4.5em;"
+    "color:#555}"
+    ".afs-explorer .afs-label{font-family:monospace;margin:0.3em 0}"
+    ".afs-explorer img.afs-frame{max-width:100%;height:auto}"
+    "</style>"
 )
 
 
@@ -130,6 +153,44 @@ def _as_figure(obj: Any, call: str) -> Figure:
     return obj
 
 
+def _start_index(start: Any, values: list[Any], arg: str, name: str) -> int:
+    """Position of the value ``start`` among ``values`` (0 for ``None``)."""
+    if start is None:
+        return 0
+    if hasattr(start, "item") and getattr(start, "ndim", None) == 0:
+        start = start.item()
+    wanted = _format_value(start)
+    labels = [_format_value(v) for v in values]
+    if wanted not in labels:
+        raise ValueError(f"{arg} must be one of the values of {name!r} {labels}, got {start!r}")
+    return labels.index(wanted)
+
+
+def _add_colorbar(fig: Figure, label: str, call: str) -> None:
+    """A colour bar for the first image (or colour-mapped collection) of ``fig``."""
+    mappables = [m for ax in fig.axes for m in [*ax.images, *ax.collections]
+                 if m.get_array() is not None]
+    if not mappables:
+        raise ValueError(f"colorbar={label!r} needs a colour-mapped image in the figure; "
+                         f"{call} drew none")
+    fig.colorbar(mappables[0], ax=fig.axes, label=label, shrink=0.9)
+
+
+def _smallest_font_or_none(fig: Figure) -> float | None:
+    try:
+        return smallest_font_pt(fig, draw=False)
+    except ValueError:  # a figure without any text
+        return None
+
+
+def _png_bytes(fig: Figure, dpi: float) -> bytes:
+    """The PNG of ``fig`` without metadata (no software version): the bytes depend only
+    on the figure, the dpi and the local rendering libraries."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    return buf.getvalue()
+
+
 def figure_to_png(fig: Figure, dpi: float = DEFAULT_DPI) -> bytes:
     """Render ``fig`` to PNG bytes and close it (so the inline backend won't show it).
 
@@ -140,12 +201,10 @@ def figure_to_png(fig: Figure, dpi: float = DEFAULT_DPI) -> bytes:
     """
     import matplotlib.pyplot as plt
 
-    buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+        return _png_bytes(fig, dpi)
     finally:
         plt.close(fig)
-    return buf.getvalue()
 
 
 class SliderExplorer:
@@ -157,9 +216,12 @@ class SliderExplorer:
     Attributes:
         names: the parameter names, ``(name,)`` or ``(name, name2)``.
         values: the parameter values, one list per parameter.
-        frame_labels: ``"name = value"`` (``"name = v1, name2 = v2"``) per frame,
-            row-major: frame ``i1 * len(values2) + i2``.
+        frame_labels: ``"name = value"`` (``"name = v1, name2 = v2"``, or the
+            ``label`` function's text) per frame, row-major: frame
+            ``i1 * len(values2) + i2``.
         frames: the pre-rendered PNG bytes, in the same order.
+        start: the slider positions shown first, one index per parameter.
+        smallest_font_pt: the smallest font in any frame, in points.
         redraw_count: live redraws done so far (slider moves).
         last_redraw_seconds: wall time of the last live redraw (draw + PNG).
     """
@@ -175,6 +237,10 @@ class SliderExplorer:
         max_frames: int = 64,
         max_html_bytes: int = 1_000_000,
         dpi: float = DEFAULT_DPI,
+        start: Any = None,
+        start2: Any = None,
+        label: Callable[..., str] | None = None,
+        colorbar: str | None = None,
     ) -> None:
         names = [_check_name(name, "name")]
         all_values = [_normalise_values(values, "values", name)]
@@ -190,6 +256,14 @@ class SliderExplorer:
             all_values.append(_normalise_values(values2, "values2", name2))
         if not callable(draw):
             raise TypeError(f"draw must be callable, got {type(draw).__name__}")
+        if label is not None and not callable(label):
+            raise TypeError(f"label must be callable (values -> str) or None, got "
+                            f"{type(label).__name__}")
+        if colorbar is not None and not isinstance(colorbar, str):
+            raise TypeError(f"colorbar must be a str (the colour bar's label) or None, got "
+                            f"{type(colorbar).__name__}")
+        if start2 is not None and name2 is None:
+            raise ValueError("start2 needs a second slider (name2 and values2)")
         max_frames = check_int("max_frames", max_frames, minimum=1)
         max_html_bytes = check_int("max_html_bytes", max_html_bytes, minimum=1)
         dpi = check_real("dpi", dpi, at_least=10, at_most=300)
@@ -198,6 +272,12 @@ class SliderExplorer:
         self.values: tuple[list[Any], ...] = tuple(all_values)
         self.draw = draw
         self.dpi = dpi
+        self.colorbar = colorbar
+        self._label_fn = label
+        self.start: tuple[int, ...] = tuple(
+            _start_index(s, vals, arg, nm)
+            for s, vals, arg, nm in zip((start, start2), all_values, ("start", "start2"), names)
+        )
         self._shape = tuple(len(v) for v in all_values)
         n_frames = 1
         for n in self._shape:
@@ -211,7 +291,11 @@ class SliderExplorer:
             )
 
         self.frame_labels: list[str] = [self._label(idx) for idx in self._indices()]
-        self.frames: list[bytes] = [self._render(idx) for idx in self._indices()]
+        rendered = [self._render(idx, measure=True) for idx in self._indices()]
+        self.frames: list[bytes] = [png for png, _ in rendered]
+        # the smallest font (points) in any pre-rendered frame (attention_lib.show.style)
+        self.smallest_font_pt: float | None = min(
+            (pt for _, pt in rendered if pt is not None), default=None)
         self._html = self._build_html()
         size = len(self._html.encode("utf-8"))
         if size > max_html_bytes:
@@ -231,21 +315,40 @@ class SliderExplorer:
             return [(i,) for i in range(self._shape[0])]
         return [(i, j) for i in range(self._shape[0]) for j in range(self._shape[1])]
 
-    def _label(self, idx: tuple[int, ...]) -> str:
-        return ", ".join(
-            f"{nm} = {_format_value(vals[i])}" for nm, vals, i in zip(self.names, self.values, idx)
-        )
+    def _index(self, idx: tuple[int, ...]) -> int:
+        """Row-major frame number of the slider positions ``idx``."""
+        return idx[0] * self._shape[1] + idx[1] if len(idx) == 2 else idx[0]
 
-    def _render(self, idx: tuple[int, ...]) -> bytes:
-        """Call ``draw`` for the values at ``idx`` and return the figure as PNG bytes."""
+    def _label(self, idx: tuple[int, ...]) -> str:
+        args = tuple(vals[i] for vals, i in zip(self.values, idx))
+        if self._label_fn is None:
+            return ", ".join(f"{nm} = {_format_value(v)}" for nm, v in zip(self.names, args))
+        text = self._label_fn(*args)
+        if not isinstance(text, str) or not text.strip():
+            raise TypeError(f"label must return a non-empty str; label"
+                            f"({', '.join(repr(a) for a in args)}) returned {text!r}")
+        return text
+
+    def _render(self, idx: tuple[int, ...], measure: bool = False) -> tuple[bytes, float | None]:
+        """Call ``draw`` for the values at ``idx`` (in the book's figure style) and return
+        the figure as PNG bytes, with its smallest font in points if ``measure``."""
         import matplotlib.pyplot as plt
 
         args = tuple(vals[i] for vals, i in zip(self.values, idx))
         call = f"draw({', '.join(repr(a) for a in args)})"
         before = set(plt.get_fignums())
         try:
-            return figure_to_png(_as_figure(self.draw(*args), call), self.dpi)
+            with book_style():
+                fig = _as_figure(self.draw(*args), call)
+                if self.colorbar is not None:
+                    _add_colorbar(fig, self.colorbar, call)
+                png = _png_bytes(fig, self.dpi)
+                # savefig drew every text (tick labels too): measure without redrawing
+                font = _smallest_font_or_none(fig) if measure else None
+            return png, font
         finally:
+            if "fig" in locals():
+                plt.close(fig)
             # Figures that draw opened and did not return (or opened before it
             # failed) would otherwise be shown by the inline backend later.
             for num in set(plt.get_fignums()) - before:
@@ -255,28 +358,30 @@ class SliderExplorer:
     def _build_html(self) -> str:
         esc = html.escape
         controls = []
-        for nm, n in zip(self.names, self._shape):
+        for nm, n, at in zip(self.names, self._shape, self.start):
             controls.append(
-                '<label class="afs-control" style="display:inline-flex;align-items:center;'
-                f'gap:0.5em;margin-right:1.5em"><span class="afs-name">{esc(nm)}</span>'
+                f'<label class="afs-control"><span class="afs-name">{esc(nm)}</span>'
                 f'<input type="range" class="afs-slider" data-param="{esc(nm)}" min="0" '
-                f'max="{n - 1}" step="1" value="0" aria-label="{esc(nm)}" '
-                f'oninput="{_ONINPUT_JS}"></label>'
+                f'max="{n - 1}" step="1" value="{at}" aria-label="{esc(nm)}" '
+                f'oninput="{_ONINPUT_JS}">'
+                f'<span class="afs-position">{at + 1} / {n}</span></label>'
             )
+        shown = self._index(self.start)
         frames = []
         for k, (label, png) in enumerate(zip(self.frame_labels, self.frames)):
-            hidden = "" if k == 0 else "display:none;"
+            hidden = "" if k == shown else "display:none"
             b64 = base64.b64encode(png).decode("ascii")
             frames.append(
                 f'<img class="afs-frame" data-index="{k}" data-label="{esc(label)}" '
-                f'alt="{esc(label)}" style="{hidden}max-width:100%;height:auto" '
-                f'src="data:image/png;base64,{b64}">'
+                f'alt="{esc(label)}" style="{hidden}" src="data:image/png;base64,{b64}">'
             )
+        font = "" if self.smallest_font_pt is None else f"{self.smallest_font_pt:g}"
         return (
-            f'<div class="afs-explorer" data-frames="{len(self.frames)}" style="margin:0.5em 0">\n'
+            f'<div class="afs-explorer" data-frames="{len(self.frames)}" '
+            f'data-smallest-font-pt="{font}" style="margin:0.5em 0">{_STYLE}\n'
             f'<div class="afs-controls">{"".join(controls)}</div>\n'
-            '<div class="afs-label" aria-live="polite" style="font-family:monospace;'
-            f'margin:0.3em 0">{esc(self.frame_labels[0])}</div>\n'
+            '<div class="afs-label" aria-live="polite">'
+            f'{esc(self.frame_labels[shown])}</div>\n'
             '<div class="afs-frames">\n' + "\n".join(frames) + "\n</div>\n</div>"
         )
 
@@ -299,18 +404,20 @@ class SliderExplorer:
         width = f"{0.6 * max(len(nm) for nm in self.names) + 0.5:.1f}em"
         self._sliders = [
             w.SelectionSlider(
-                options=[(_format_value(v), i) for i, v in enumerate(vals)],
-                value=0,
+                # the readout shows the position, "k / N"; the label, the value
+                options=[(f"{i + 1} / {len(vals)}", i) for i in range(len(vals))],
+                value=at,
                 description=nm,
-                readout=False,
+                readout=True,
                 continuous_update=True,
-                style={"description_width": width},
-                layout=w.Layout(width="420px"),
+                style={"description_width": width, "handle_color": "#2a6fbb"},
+                layout=w.Layout(width="420px", max_width="100%", height="32px"),
             )
-            for nm, vals in zip(self.names, self.values)
+            for nm, vals, at in zip(self.names, self.values, self.start)
         ]
-        self._label_widget = w.Label(value=self.frame_labels[0])
-        self._image = w.Image(value=self.frames[0], format="png",
+        shown = self._index(self.start)
+        self._label_widget = w.Label(value=self.frame_labels[shown])
+        self._image = w.Image(value=self.frames[shown], format="png",
                               layout=w.Layout(max_width="100%"))
         for slider in self._sliders:
             slider.observe(self._on_slider, names="value")
@@ -324,10 +431,10 @@ class SliderExplorer:
     def _on_slider(self, change: dict[str, Any] | None = None) -> None:
         """Redraw for the sliders' current values (called on every slider move)."""
         idx = tuple(int(s.value) for s in self._sliders)
-        label = self._label(idx)
+        label = self.frame_labels[self._index(idx)]
         start = time.perf_counter()
         try:
-            png = self._render(idx)
+            png, _ = self._render(idx)
         except Exception as exc:
             # Shown in the widget: an exception in a widget callback would
             # otherwise only reach the kernel log.
@@ -362,6 +469,10 @@ def explore(
     max_frames: int = 64,
     max_html_bytes: int = 1_000_000,
     dpi: float = DEFAULT_DPI,
+    start: Any = None,
+    start2: Any = None,
+    label: Callable[..., str] | None = None,
+    colorbar: str | None = None,
 ) -> SliderExplorer:
     """Make a slider that redraws a figure, live with a kernel and kernel-free in HTML.
 
@@ -383,7 +494,17 @@ def explore(
         values2: values of the second parameter (give both or neither).
         max_frames: frame budget: ``len(values) * len(values2)`` may not exceed it.
         max_html_bytes: size budget of the kernel-free HTML (all frames inline).
-        dpi: resolution of every frame (live and pre-rendered).
+        dpi: resolution of every frame (live and pre-rendered); the book's
+            ``attention_lib.show.style.DPI`` (96) by default.
+        start: the value the slider shows first (default: the first one);
+            choose an informative frame.
+        start2: the same for the second slider.
+        label: ``label(value)`` (or ``label(value, value2)``) returns the text
+            shown above the frame, e.g. ``lambda d: f"dₖ = {d}"``; default
+            ``"name = value"`` (``"name = v1, name2 = v2"``).
+        colorbar: label of a colour bar added to every frame, for the first
+            colour-mapped image of the figure (keep its ``vmin``/``vmax`` fixed
+            across frames so that the bar means the same in all of them).
 
     Returns:
         A :class:`SliderExplorer`; display it (last expression of a cell).
@@ -391,12 +512,17 @@ def explore(
     Raises:
         TypeError: a name is not a str, values are not a sequence, ``draw`` is
             not callable or does not return a Figure/Axes, ``max_frames`` or
-            ``max_html_bytes`` is not an int, or ``dpi`` is not a number.
+            ``max_html_bytes`` is not an int, ``dpi`` is not a number, ``label``
+            is not callable or returns no text, or ``colorbar`` is not a str.
         ValueError: an empty name, empty or repeated values, only one of
             ``name2``/``values2``, more frames than ``max_frames``, HTML larger
-            than ``max_html_bytes``, or a ``dpi`` outside ``[10, 300]``.
+            than ``max_html_bytes``, a ``dpi`` outside ``[10, 300]``, a
+            ``start``/``start2`` that is not one of the values (or ``start2``
+            without a second slider), or ``colorbar`` for a figure without a
+            colour-mapped image.
     """
     return SliderExplorer(
         name, values, draw, name2=name2, values2=values2,
         max_frames=max_frames, max_html_bytes=max_html_bytes, dpi=dpi,
+        start=start, start2=start2, label=label, colorbar=colorbar,
     )

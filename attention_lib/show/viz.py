@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_bool, check_int, check_real
+from .style import MAX_WIDTH_IN, MIN_FONT_PT, book_style
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     from matplotlib.axes import Axes
@@ -30,6 +31,12 @@ if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
 
 #: Matrices up to this size (in both dimensions) get value annotations by default.
 ANNOTATE_MAX_SIDE = 8
+#: Tick labels of up to this many tokens get the full tick font size.
+_FULL_TICKS = 16
+#: Tick label size (points) of the heatmaps; never below the book's MIN_FONT_PT.
+_TICK_PT = 9.0
+#: A grid panel is at least this wide (inches): more panels per row wrap.
+PANEL_MIN_IN = 1.3
 #: Tolerance for weights that overshoot ``[vmin, vmax]`` by float rounding.
 _RANGE_TOL = 1e-4
 
@@ -95,6 +102,25 @@ def _check_style(cmap: str, fmt: str) -> Colormap:
     return matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
 
 
+def _luminance(rgba: Sequence[float]) -> float:
+    """WCAG relative luminance of an sRGB colour given as floats in [0, 1]."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def _text_colour(rgba: Sequence[float]) -> str:
+    """Black or white, whichever contrasts more with a cell of colour ``rgba``
+    (so "nan" on a light grey cell is black, not white)."""
+    lum = _luminance(rgba)
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
+
+
+def _annotation_fits(fmt: str, cell_in: float) -> bool:
+    """Whether a value formatted with ``fmt`` at MIN_FONT_PT fits a cell ``cell_in`` wide."""
+    chars = len(format(0.5, fmt))
+    return cell_in >= (0.6 * chars * MIN_FONT_PT + 4) / 72
+
+
 def _check_flags(annotate: object, colorbar: object) -> None:
     if annotate is not None:
         check_bool("annotate", annotate)
@@ -118,7 +144,9 @@ def _check_tokens(tokens: Sequence[Any] | None, name: str, length: int, axis: st
 
 
 def _tick_fontsize(labels: list[str] | None, n: int) -> float:
-    return 9.0 if labels is None or n <= 16 else max(5.0, 9.0 * 16 / n)
+    if labels is None or n <= _FULL_TICKS:
+        return _TICK_PT
+    return max(MIN_FONT_PT, _TICK_PT * _FULL_TICKS / n)
 
 
 def _x_rotation(labels: list[str] | None) -> int:
@@ -131,7 +159,7 @@ def _set_ticks(ax: Axes, which: str, labels: list[str] | None, n: int) -> None:
     if labels is None:
         step = max(1, math.ceil(n / 16))
         positions = list(range(0, n, step))
-        axis.set_ticks(positions, labels=[str(p) for p in positions], fontsize=9)
+        axis.set_ticks(positions, labels=[str(p) for p in positions], fontsize=_TICK_PT)
         return
     rotation = _x_rotation(labels) if which == "x" else 0
     axis.set_ticks(range(n), labels=labels, fontsize=_tick_fontsize(labels, n),
@@ -149,7 +177,7 @@ def _draw_heatmap(
     vmax: float,
     cmap: Colormap,
     fmt: str,
-    annot_size: float = 8.0,
+    annot_size: float = MIN_FONT_PT,
 ) -> AxesImage:
     """Draw one (Lq, Lk) matrix on ``ax``; shared by the single heatmap and the grid."""
     lq, lk = arr.shape
@@ -160,12 +188,11 @@ def _draw_heatmap(
     ax.set_xlabel("keys")
     ax.set_ylabel("queries")
     if annotate:
-        mid = vmin + 0.5 * (vmax - vmin)
+        cells = image.to_rgba(arr)  # (Lq, Lk, 4): the colour of each cell, NaN's too
         for i in range(lq):
             for j in range(lk):
-                v = float(arr[i, j])
-                ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=annot_size,
-                        color="white" if not v >= mid else "black")
+                ax.text(j, i, format(float(arr[i, j]), fmt), ha="center", va="center",
+                        fontsize=annot_size, color=_text_colour(cells[i, j]))
     return image
 
 
@@ -275,6 +302,16 @@ def attention_heatmap(
     k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (column of weights)")
     if annotate is None:
         annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
+    with book_style():  # dpi and font sizes of the book (attention_lib.show.style)
+        return _heatmap(arr, q_labels, k_labels, ax=ax, title=title, annotate=annotate,
+                        colorbar=colorbar, vmin=vmin, vmax=vmax, colours=colours, fmt=fmt)
+
+
+def _heatmap(arr: numpy.ndarray, q_labels: list[str] | None, k_labels: list[str] | None, *,
+             ax: Axes | None, title: str | None, annotate: bool, colorbar: bool,
+             vmin: float, vmax: float, colours: Colormap, fmt: str) -> Axes:
+    """attention_heatmap after validation: draw on ``ax`` or on a new figure."""
+    lq, lk = arr.shape
     cax, coords = None, None
     if ax is None:
         ax, cax, coords = _new_heatmap_axes(lq, lk, q_labels, k_labels, title, colorbar)
@@ -336,6 +373,12 @@ def attention_grid(
     share the colour scale ``[vmin, vmax]`` and one colourbar; token labels are
     drawn on the outer panels only.
 
+    The grid follows the book's figure rules (``attention_lib.show.style``): it
+    is never wider than the book's column, so panels wrap (at most as many per row
+    as fit at 1.3 in each, rows balanced; a 4-D grid's heads wrap so that no row
+    mixes two layers) and shrink below ``panel_size`` when needed; no text is
+    smaller than 8 pt.
+
     Args:
         weights: a tensor (may require grad or live on any device) or numpy array.
         query_tokens: one label per query (row), or ``None``.
@@ -343,10 +386,10 @@ def attention_grid(
         row_titles: 4-D input only: one name per layer, replacing ``"layer l"``.
         col_titles: one name per head, replacing ``"head h"``.
         annotate: write values in the cells; ``None`` annotates matrices of at
-            most 8 x 8.
+            most 8 x 8 whose cells are wide enough for the values at 8 pt.
         colorbar: add one colourbar shared by all panels.
-        max_cols: 3-D input only: panels per row before wrapping.
-        panel_size: size of one panel in inches.
+        max_cols: 3-D input only: at most this many panels per row.
+        panel_size: height of one panel in inches (at most; see above).
         suptitle: title of the whole figure.
         vmin, vmax: the shared, fixed colour scale (``0..1`` by default).
         cmap: matplotlib colour map name.
@@ -387,28 +430,64 @@ def attention_grid(
     layers = _check_titles(row_titles, "row_titles", n_layers, "layer") or [f"layer {l}" for l in range(n_layers)]
     max_cols = check_int("max_cols", max_cols, minimum=1)
     panel_size = check_real("panel_size", panel_size, above=0)
+    aspect = min(1.6, max(0.6, lk / lq))  # panel width / height
+    ncols, panel_w = _grid_columns(n_layers * n_heads, n_heads if four_d else None,
+                                   max_cols, panel_size * aspect, colorbar)
     if annotate is None:
-        annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
+        annotate = (lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
+                    and _annotation_fits(fmt, 0.8 * panel_w / lk))
+    with book_style():  # dpi and font sizes of the book (attention_lib.show.style)
+        fig = _grid(arr, q_labels, k_labels, layers, heads, four_d=four_d, ncols=ncols,
+                    panel=(panel_w, panel_w / aspect), annotate=bool(annotate),
+                    colorbar=colorbar, vmin=vmin, vmax=vmax, colours=colours, fmt=fmt)
+        if suptitle is not None:
+            fig.suptitle(suptitle)
+    return fig
 
-    # Panel k of the flat list goes to grid cell divmod(k, ncols).
-    panels = [(l, h) for l in range(n_layers) for h in range(n_heads)]
-    ncols = n_heads if four_d else min(n_heads, max_cols)
-    nrows = math.ceil(len(panels) / ncols)
 
+def _grid_columns(n_panels: int, per_row_group: int | None, max_cols: int, panel_w: float,
+                  colorbar: bool) -> tuple[int, float]:
+    """Panels per row and panel width (inches) so that the grid fits the book's column.
+
+    At most as many panels per row as fit MAX_WIDTH_IN at PANEL_MIN_IN each (and at most
+    ``max_cols``); rows are balanced (4 panels on 3 columns become 2 + 2). The heads of a
+    4-D grid (``per_row_group`` of them per layer) stay one layer per row when they fit,
+    else wrap on a divisor of the head count, so that no row mixes two layers.
+    """
+    room = MAX_WIDTH_IN - (1.1 if colorbar else 0.3) - 0.6  # colour bar, query labels
+    fit = max(1, int(room // PANEL_MIN_IN))
+    if per_row_group is not None:
+        ncols = per_row_group
+        if ncols > fit:
+            ncols = max(d for d in range(1, fit + 1) if per_row_group % d == 0)
+    else:
+        ncols = min(n_panels, max_cols, fit)
+        ncols = math.ceil(n_panels / math.ceil(n_panels / ncols))
+    return ncols, min(panel_w, room / ncols)
+
+
+def _grid(arr: numpy.ndarray, q_labels: list[str] | None, k_labels: list[str] | None,
+          layers: list[str], heads: list[str], *, four_d: bool, ncols: int,
+          panel: tuple[float, float], annotate: bool, colorbar: bool, vmin: float,
+          vmax: float, colours: Colormap, fmt: str) -> Figure:
+    """attention_grid after validation: one panel per (layer, head), ``ncols`` per row."""
     import matplotlib.pyplot as plt
 
-    aspect = min(1.6, max(0.6, lk / lq))
+    n_layers, n_heads = arr.shape[:2]
+    # Panel k of the flat list goes to grid cell divmod(k, ncols).
+    panels = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(
         nrows, ncols, squeeze=False, layout="constrained",
-        figsize=(ncols * panel_size * aspect + (1.0 if colorbar else 0.2), nrows * panel_size + 0.3),
+        figsize=(ncols * panel[0] + (1.1 if colorbar else 0.3) + 0.6,
+                 nrows * (panel[1] + 0.35) + 0.4),
     )
     image = None
     for k, (l, h) in enumerate(panels):
         r, c = divmod(k, ncols)
         ax = axes[r, c]
-        image = _draw_heatmap(ax, arr[l, h], q_labels, k_labels, annotate=bool(annotate),
-                              vmin=vmin, vmax=vmax, cmap=colours, fmt=fmt,
-                              annot_size=7.0 if max(lq, lk) <= 6 else 6.0)
+        image = _draw_heatmap(ax, arr[l, h], q_labels, k_labels, annotate=annotate,
+                              vmin=vmin, vmax=vmax, cmap=colours, fmt=fmt)
         ax.set_title(f"{layers[l]}, {heads[h]}" if four_d else heads[h], fontsize=10, y=1.0)
         # Shared labels: only the left column keeps query labels, and only a panel
         # with no panel below it keeps key labels.
@@ -419,9 +498,7 @@ def attention_grid(
             ax.set_xlabel("")
             ax.tick_params(axis="x", labelbottom=False)
     for k in range(len(panels), nrows * ncols):
-        axes.flat[k].set_visible(False)  # unused cells of a wrapped 3-D grid
+        axes.flat[k].set_visible(False)  # unused cells of a wrapped grid
     if colorbar and image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), label="weight", shrink=0.9)
-    if suptitle is not None:
-        fig.suptitle(suptitle)
     return fig

@@ -137,7 +137,7 @@ def test_no_raw_tex_in_titles_or_text_outside_maths(loaded, docname: str) -> Non
         .map(e => { const c = e.cloneNode(true);
                     c.querySelectorAll('pre, code, script, mjx-container').forEach(x => x.remove());
                     return c.textContent; }).join('\\n')""")
-    raw = sorted(set(m.group(0) for m in RAW_TEX.finditer(text)))
+    raw = sorted({m.group(0) for m in RAW_TEX.finditer(text)})
     assert not raw, f"{docname}: raw TeX shown as text: {raw}"
 
 
