@@ -147,3 +147,16 @@ def test_no_icon_script_and_each_script_once(loaded, docname: str) -> None:
     assert not [s for s in scripts if "fontawesome" in s], "fontawesome.js is loaded"
     repeats = sorted({s[:80] for s in scripts if scripts.count(s) > 1})
     assert not repeats, f"{docname}: scripts included twice: {repeats}"
+
+
+# Code cells and text outputs wider than their block: the reader would scroll sideways.
+WIDE_PRE_JS = """() => [...document.querySelectorAll('article pre')]
+    .filter(p => p.scrollWidth > p.clientWidth + 1)
+    .map(p => { const lines = p.textContent.split('\\n');
+                const long = lines.reduce((a, b) => b.length > a.length ? b : a, '');
+                return `${long.length} chars: ${long.trim().slice(0, 50)}`; })"""
+
+
+def test_no_code_block_scrolls_sideways_on_a_desktop(loaded, docname: str) -> None:
+    wide = settled(loaded(docname)).page.evaluate(WIDE_PRE_JS)
+    assert not wide, f"{docname}: {len(wide)} code/output blocks scroll at 1280 px: {wide[:5]}"
