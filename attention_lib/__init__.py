@@ -13,7 +13,7 @@ __all__: list[str] = []
 # --- core: masks, scaled dot-product attention, multi-head attention (chapters 2-6)
 from .masks import as_keep_mask, causal_mask, masked_softmax, padding_mask  # noqa: E402
 from .sdpa import scaled_dot_product_attention  # noqa: E402
-from .backends import available_backends, get_backend, register_backend  # noqa: E402
+from .backends import available_backends  # noqa: E402
 from .mha import MultiHeadAttention  # noqa: E402
 
 __all__ += [
@@ -23,8 +23,6 @@ __all__ += [
     "masked_softmax",
     "scaled_dot_product_attention",
     "available_backends",
-    "get_backend",
-    "register_backend",
     "MultiHeadAttention",
 ]
 

@@ -53,6 +53,11 @@ def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
             "query, key and value must be on the same device, got "
             f"{query.device}, {key.device} and {value.device}"
         )
+    if query.shape[-1] == 0:
+        raise ValueError(
+            f"query and key must have d_k >= 1 features (last dim), got query "
+            f"{tuple(query.shape)}"
+        )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
             "query and key must have the same last dim d_k: expected key (..., Lk, "
@@ -74,7 +79,6 @@ def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
         ) from None
 
 
-
 def check_attention_args(
     query: Tensor,
     key: Tensor,
@@ -92,6 +96,7 @@ def check_attention_args(
     check_scale(scale)
     check_bool("is_causal", is_causal)
     return batch_shape
+
 
 def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
     """``t`` must be a tensor of an integer dtype (not bool); ``what`` is appended
@@ -126,15 +131,19 @@ def check_real(
     bool) within the given bounds; returns it as a Python float.
 
     A non-number raises ``TypeError``; a number out of range (or NaN/inf) raises
-    ``ValueError``. The message names the accepted range, e.g. "a finite real
-    number > 0".
+    ``ValueError``. The message names the accepted range, e.g. "a finite float
+    > 0" or "a float in [0, 1)" (an int is a float here, as in type hints).
     """
-    bounds = [
-        f"{op} {bound:g}"
-        for op, bound in ((">", above), (">=", at_least), ("<", below), ("<=", at_most))
-        if bound is not None
-    ]
-    expected = "a finite real number" + (" " + " and ".join(bounds) if bounds else "")
+    low = (f"({above:g}", f"> {above:g}") if above is not None else (
+        (f"[{at_least:g}", f">= {at_least:g}") if at_least is not None else None
+    )
+    high = (f"{below:g})", f"< {below:g}") if below is not None else (
+        (f"{at_most:g}]", f"<= {at_most:g}") if at_most is not None else None
+    )
+    if low and high:
+        expected = f"a float in {low[0]}, {high[0]}"
+    else:
+        expected = " ".join(["a finite float", *(b[1] for b in (low, high) if b)])
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
     x = float(value)
@@ -150,26 +159,14 @@ def check_real(
 
 
 def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
-    """``dropout_p`` must be a number (not a bool) in [0, 1); returns it as a float."""
-    if (
-        isinstance(dropout_p, bool)
-        or not isinstance(dropout_p, (int, float))
-        or not 0.0 <= float(dropout_p) < 1.0
-    ):
-        raise ValueError(f"{name} must be a float in [0, 1), got {dropout_p!r}")
-    return float(dropout_p)
+    """``dropout_p`` must be a real number in [0, 1); returns it as a float."""
+    return check_real(name, dropout_p, at_least=0, below=1)
 
 
-def check_scale(scale: float | None) -> None:
-    """``scale`` must be ``None`` or a finite positive number (not a bool)."""
-    if scale is None:
-        return
-    if (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float))
-        or not (0.0 < float(scale) < float("inf"))
-    ):
-        raise ValueError(f"scale must be None or a finite number > 0, got {scale!r}")
+def check_scale(scale: object) -> float | None:
+    """``scale`` must be ``None`` or a finite real number > 0 (a Python or NumPy
+    float or int, not a bool); returns it as a float."""
+    return None if scale is None else check_real("scale", scale, above=0)
 
 
 def check_mask(
@@ -192,6 +189,12 @@ def check_mask(
     if mask.is_complex():
         raise TypeError(
             f"{name} must be a bool keep-mask or a 0/1 integer/float mask, got dtype {mask.dtype}"
+        )
+    if mask.requires_grad:
+        raise ValueError(
+            f"{name} requires grad, but a 0/1 keep-mask only selects keys and never gets "
+            f"a gradient; pass {name}.detach() (for a learnable additive bias, add it to "
+            "the scores yourself)"
         )
     if device is not None and mask.device != device:
         raise ValueError(

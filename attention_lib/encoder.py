@@ -25,25 +25,13 @@ Explained in chapter 7, *Attention that has learned something*.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_dropout_p, check_int, check_integer_tensor, check_tensor
+from ._checks import check_bool, check_dropout_p, check_int, check_integer_tensor, check_tensor
+from .kv_cache import KVCache, LayerKVCache
 from .mha import MultiHeadAttention
-
-if TYPE_CHECKING:
-    from .kv_cache import KVCache, LayerKVCache
-
-__all__ = [
-    "sinusoidal_positional_encoding",
-    "SinusoidalPositionalEncoding",
-    "FeedForward",
-    "EncoderLayer",
-    "Encoder",
-    "TokenClassifier",
-]
 
 #: Accepted values of ``TokenClassifier(positional=...)``.
 POSITIONAL_KINDS = ("sinusoidal", "learned", None)
@@ -57,6 +45,16 @@ def _check_model_input(x: object, d_model: int) -> Tensor:
             f"x must have shape (B, L, d_model={d_model}), got shape {tuple(x.shape)}"
         )
     return x
+
+
+def _check_layer_input(
+    attention: MultiHeadAttention, x: object, mask: object, kv_cache: LayerKVCache | None
+) -> Tensor | None:
+    """The checks of a layer stack's input ``x`` ``(B, L, d_model)`` and its
+    self-attention ``mask``; returns the mask as bool (see
+    :meth:`MultiHeadAttention._check_inputs`)."""
+    attention._check_input("x", x)
+    return attention._check_mask(mask, x.shape[0], x.shape[1], x.shape[1], kv_cache)
 
 
 def sinusoidal_positional_encoding(
@@ -145,13 +143,16 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Return ``x + PE[:L]`` for ``x`` of shape ``(B, L, d_model)``."""
         x = _check_model_input(x, self.d_model)
-        length = x.shape[1]
-        if length > self.max_len:
+        if x.shape[1] > self.max_len:
             raise ValueError(
-                f"x has sequence length {length}, longer than max_len={self.max_len} "
+                f"x has sequence length {x.shape[1]}, longer than max_len={self.max_len} "
                 "of this positional encoding"
             )
-        return x + self.pe[:length].to(x.dtype)  # (B, L, d) + (L, d) -> (B, L, d)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
+        """:meth:`forward` without the checks."""
+        return x + self.pe[: x.shape[1]].to(x.dtype)  # (B, L, d) + (L, d) -> (B, L, d)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
@@ -194,6 +195,10 @@ class FeedForward(nn.Module):
                 f"x must have last dim d_model={self.linear1.in_features}, "
                 f"got shape {tuple(x.shape)}"
             )
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
+        """:meth:`forward` without the checks."""
         hidden = self.dropout(self.activation(self.linear1(x)))  # (..., d_ff)
         return self.linear2(hidden)  # (..., d_model)
 
@@ -270,17 +275,31 @@ class EncoderLayer(nn.Module):
 
         Returns:
             ``output`` ``(B, L, d_model)``, or ``(output, weights)``.
+
+        Raises:
+            TypeError, ValueError: on bad input, as
+                :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`.
         """
-        x = _check_model_input(x, self.d_model)
+        keep = _check_layer_input(self.self_attn, x, mask, kv_cache)
+        check_bool("need_weights", need_weights)
+        return self._forward(x, keep, need_weights=need_weights, kv_cache=kv_cache)
+
+    def _forward(
+        self,
+        x: Tensor,
+        keep: Tensor | None,
+        *,
+        need_weights: bool = False,
+        kv_cache: LayerKVCache | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without the checks; ``keep`` is a bool keep-mask or ``None``."""
         h = self.norm1(x)  # (B, L, d)
-        if need_weights:
-            attn, weights = self.self_attn(
-                h, h, h, mask, need_weights=True, kv_cache=kv_cache
-            )  # (B, L, d), (B, H, L, Lk)
-        else:
-            attn = self.self_attn(h, h, h, mask, kv_cache=kv_cache)  # (B, L, d)
+        attended = self.self_attn._forward(
+            h, h, h, keep, need_weights=need_weights, kv_cache=kv_cache
+        )  # (B, L, d), or with (B, H, L, Lk) weights
+        attn, weights = attended if need_weights else (attended, None)
         x = x + self.dropout1(attn)
-        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
+        x = x + self.dropout2(self.ffn._forward(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
 
 
@@ -364,19 +383,41 @@ class Encoder(nn.Module):
         Returns:
             ``output`` ``(B, L, d_model)``, or ``(output, weights)`` with weights
             of shape ``(B, num_layers, H, L, L)``.
+
+        Raises:
+            TypeError, ValueError: on bad input, as
+                :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`,
+                or a ``cache`` that is not a :class:`~attention_lib.KVCache`.
         """
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        first = cache.layers[0] if cache is not None and cache.layers else None
+        keep = _check_layer_input(self.layers[0].self_attn, x, mask, first)
+        check_bool("need_weights", need_weights)
+        return self._forward(x, keep, need_weights=need_weights, cache=cache)
+
+    def _forward(
+        self,
+        x: Tensor,
+        keep: Tensor | None,
+        *,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without the checks; ``keep`` is a bool keep-mask or ``None``."""
         all_weights = []
         for i, layer in enumerate(self.layers):
             kv_cache = None if cache is None else cache.layer(i)
+            out = layer._forward(x, keep, need_weights=need_weights, kv_cache=kv_cache)
             if need_weights:
-                x, weights = layer(x, mask, need_weights=True, kv_cache=kv_cache)  # (B, H, L, Lk)
+                x, weights = out  # (B, L, d), (B, H, L, Lk)
                 all_weights.append(weights)
             else:
-                x = layer(x, mask, kv_cache=kv_cache)  # (B, L, d)
+                x = out  # (B, L, d)
         x = self.norm(x)
         if not need_weights:
             return x
-        return x, torch.stack(all_weights, dim=1)  # (B, num_layers, H, L, L)
+        return x, torch.stack(all_weights, dim=1)  # (B, num_layers, H, L, Lk)
 
 
 class TokenClassifier(nn.Module):
@@ -461,18 +502,23 @@ class TokenClassifier(nn.Module):
             weights of shape ``(B, num_layers, H, L, L)``.
 
         Raises:
-            TypeError: if ``tokens`` is not an integer tensor.
+            TypeError: if ``tokens`` is not an integer tensor, or ``mask`` or
+                ``need_weights`` has a bad type.
             ValueError: if ``tokens`` is not 2-D, is longer than ``max_len`` or
-                holds ids outside ``[0, vocab_size)``.
+                holds ids outside ``[0, vocab_size)``, or ``mask`` does not
+                broadcast to ``(B, H, L, L)``.
         """
         self._check_tokens(tokens)
+        batch, length = tokens.shape
+        keep = self.encoder.layers[0].self_attn._check_mask(mask, batch, length, length)
+        check_bool("need_weights", need_weights)
         x = self.embedding(tokens)  # (B, L, d)
         if isinstance(self.position, SinusoidalPositionalEncoding):
-            x = self.position(x)
+            x = self.position._forward(x)
         elif self.position is not None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)  # (L,)
+            positions = torch.arange(length, device=tokens.device)  # (L,)
             x = x + self.position(positions)  # (B, L, d) + (L, d)
-        out = self.encoder(x, mask, need_weights=need_weights)
+        out = self.encoder._forward(x, keep, need_weights=need_weights)
         if not need_weights:
             return self.head(out)  # (B, L, C)
         hidden, weights = out

@@ -22,8 +22,6 @@ from torch import Tensor
 
 from ._checks import check_int, check_integer_tensor, check_mask
 
-__all__ = ["causal_mask", "padding_mask", "as_keep_mask", "masked_softmax"]
-
 
 def causal_mask(
     q_len: int, k_len: int | None = None, *, device: torch.device | str | None = None
@@ -57,6 +55,11 @@ def causal_mask(
     """
     q_len = check_int("q_len", q_len, minimum=0)
     k_len = q_len if k_len is None else check_int("k_len", k_len, minimum=0)
+    return _causal(q_len, k_len, device)
+
+
+def _causal(q_len: int, k_len: int, device: torch.device | str | None) -> Tensor:
+    """:func:`causal_mask` without the checks."""
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()  # (Lq, Lk)
 
 
@@ -142,14 +145,25 @@ def as_keep_mask(
         ValueError: if ``mask`` does not broadcast, is on another device, or is a
             numeric mask with values other than 0 and 1.
     """
-    keep = None
     if mask is not None:
         check_mask(mask, (*batch_shape, q_len, k_len), device=device)
-        keep = mask if mask.dtype == torch.bool else mask != 0
-    if is_causal:
-        causal = causal_mask(q_len, k_len, device=device if keep is None else keep.device)
-        keep = causal if keep is None else keep & causal  # (..., Lq, Lk)
-    return keep
+    return with_causal(to_bool(mask), q_len, k_len, is_causal, device)
+
+
+def to_bool(mask: Tensor | None) -> Tensor | None:
+    """A checked keep-mask as bool: ``0`` = masked (no checks)."""
+    return mask if mask is None or mask.dtype == torch.bool else mask != 0
+
+
+def with_causal(
+    keep: Tensor | None, q_len: int, k_len: int, is_causal: bool, device: torch.device | None
+) -> Tensor | None:
+    """``keep`` (bool or ``None``) combined with the causal mask if ``is_causal``
+    (no checks: the callers validated their arguments)."""
+    if not is_causal:
+        return keep
+    causal = _causal(q_len, k_len, device if keep is None else keep.device)  # (Lq, Lk)
+    return causal if keep is None else keep & causal  # (..., Lq, Lk)
 
 
 def masked_softmax(scores: Tensor, keep: Tensor | None, dim: int = -1) -> Tensor:

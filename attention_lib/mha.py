@@ -5,20 +5,16 @@ Explained in chapter 6, *Multi-head attention*.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_dropout_p, check_int, check_tensor
-from .backends import get_backend
-from .sdpa import scaled_dot_product_attention
-
-if TYPE_CHECKING:
-    from .kv_cache import LayerKVCache
-
-__all__ = ["MultiHeadAttention"]
+from ._checks import check_bool, check_dropout_p, check_int, check_mask, check_tensor
+from .backends import BACKENDS
+from .kv_cache import LayerKVCache
+from .masks import to_bool
+from .sdpa import _attention
+from .tiled import _check_block_size
 
 
 class MultiHeadAttention(nn.Module):
@@ -31,7 +27,7 @@ class MultiHeadAttention(nn.Module):
         \mathrm{MHA}(Q, K, V) = \mathrm{concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\, W_o
 
     Each ``nn.Linear(d_model, d_model)`` projection is cut into ``num_heads``
-    slices of width ``d_head = d_model // num_heads`` (a ``view`` + ``transpose``,
+    slices of width ``d_k = d_model // num_heads`` (a ``view`` + ``transpose``,
     no copy), the heads attend independently and their outputs are concatenated
     and mixed by ``W_o``.
 
@@ -48,12 +44,13 @@ class MultiHeadAttention(nn.Module):
     the module returns the output bias ``W_o.bias`` for it), never ``NaN``.
 
     **Backends.** ``backend`` names the function that computes attention for
-    all heads at once (see :mod:`attention_lib.backends`): ``"lib"`` (this
-    package's :func:`~attention_lib.scaled_dot_product_attention`, the default),
-    ``"torch"`` (PyTorch's fused ``F.scaled_dot_product_attention``: use it
-    where you need speed, not weights) or ``"tiled"`` (chapter 8). A fused
-    kernel cannot return the attention weights, so ``need_weights=True``
-    always uses the lib computation, whatever the backend.
+    all heads at once (the table :mod:`attention_lib.backends`): ``"lib"``
+    (this package's :func:`~attention_lib.scaled_dot_product_attention`, the
+    default), ``"torch"`` (PyTorch's fused ``F.scaled_dot_product_attention``:
+    use it where you need speed, not weights) or ``"tiled"``
+    (:func:`~attention_lib.tiled_attention`, chapter 8, with ``block_size``).
+    A fused kernel cannot return the attention weights, so
+    ``need_weights=True`` always uses the lib computation, whatever the backend.
 
     Args:
         d_model: model width; divisible by ``num_heads``.
@@ -61,7 +58,11 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout probability on the attention weights, applied only in
             ``train()`` mode.
         bias: whether the four projections have a bias.
-        backend: attention backend name, see :func:`~attention_lib.get_backend`.
+        backend: attention backend name, one of
+            :func:`~attention_lib.available_backends`.
+        block_size: for ``backend="tiled"`` only: the ``block_size`` of
+            :func:`~attention_lib.tiled_attention` (an int or a pair
+            ``(block_q, block_k)``); ``None`` keeps its default.
         device: device of the parameters.
         dtype: dtype of the parameters.
 
@@ -72,14 +73,19 @@ class MultiHeadAttention(nn.Module):
         W_o: output projection, ``nn.Linear(d_model, d_model)``.
         d_model: model width.
         num_heads: number of heads ``H``.
-        d_head: width of one head, ``d_model // num_heads``.
+        d_k: width of one head, ``d_model // num_heads``.
         dropout: dropout probability on the attention weights.
-        backend: name of the attention backend.
+        backend: name of the attention backend (assigning another name switches
+            backend; an unknown name raises ``ValueError``).
+        block_size: the tiled backend's block size, or ``None``.
 
     Raises:
-        TypeError: if ``d_model``/``num_heads`` are not ints or ``bias`` not a bool.
+        TypeError: if ``d_model``/``num_heads``/``block_size`` are not ints,
+            ``dropout`` is not a number, ``bias`` not a bool or ``backend`` not
+            a str.
         ValueError: if ``d_model % num_heads != 0``, ``dropout`` is outside
-            ``[0, 1)`` or ``backend`` is unknown.
+            ``[0, 1)``, ``backend`` is unknown, or ``block_size`` is below 1 or
+            given for a backend other than ``"tiled"``.
 
     Shapes:
         - query: ``(B, Lq, d_model)``
@@ -98,6 +104,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         *,
         backend: str = "lib",
+        block_size: int | tuple[int, int] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -109,24 +116,44 @@ class MultiHeadAttention(nn.Module):
                 f"d_model must be divisible by num_heads, got d_model={d_model} and "
                 f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
             )
-        dropout = check_dropout_p(dropout, name="dropout")
         check_bool("bias", bias)
-        get_backend(backend)  # fail now on an unknown name, not at the first forward
         self.d_model = d_model
         self.num_heads = num_heads
-        self.d_head = d_model // num_heads
-        self.dropout = dropout
-        self.backend = backend
+        self.d_k = d_model // num_heads
+        self.dropout = check_dropout_p(dropout, name="dropout")
+        self.backend = backend  # checked by the property's setter
+        if block_size is not None:
+            if backend != "tiled":
+                raise ValueError(
+                    f"block_size is an option of backend='tiled', got backend={backend!r}"
+                )
+            block_size = _check_block_size(block_size)
+        self.block_size = block_size
         factory = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_model, d_model, bias=bias, **factory)
         self.W_k = nn.Linear(d_model, d_model, bias=bias, **factory)
         self.W_v = nn.Linear(d_model, d_model, bias=bias, **factory)
         self.W_o = nn.Linear(d_model, d_model, bias=bias, **factory)
 
+    @property
+    def backend(self) -> str:
+        """The name of the attention backend (see :mod:`attention_lib.backends`)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"backend must be a str, got {type(name).__name__} {name!r}")
+        if name not in BACKENDS:
+            valid = ", ".join(repr(n) for n in BACKENDS)
+            raise ValueError(f"backend must be one of {valid}, got {name!r}")
+        self._backend = name
+
     def extra_repr(self) -> str:
+        block = "" if self.block_size is None else f", block_size={self.block_size}"
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
-            f"dropout={self.dropout}, backend={self.backend!r}"
+            f"dropout={self.dropout}, backend={self.backend!r}{block}"
         )
 
     def forward(
@@ -166,74 +193,88 @@ class MultiHeadAttention(nn.Module):
             over dim 1 to compare with ``nn.MultiheadAttention``'s default).
 
         Raises:
-            TypeError: on non-floating inputs, or a dtype that differs from the
-                parameters'.
+            TypeError: on non-floating inputs, a dtype that differs from the
+                parameters', a mask of unsupported type or dtype, a
+                ``kv_cache`` that is not a ``LayerKVCache``, or flags that are
+                not bools.
             ValueError: on inputs that are not ``(B, L, d_model)``, mismatched
-                batch sizes, key/value lengths or devices, or a mask that does
-                not broadcast to ``(B, H, Lq, Lk)``.
+                batch sizes, key/value lengths or devices, a mask that does not
+                broadcast to ``(B, H, Lq, Lk)`` or is not 0/1, or a cache that
+                holds another batch.
         """
-        self._check_inputs(query, key, value, mask)
+        keep = self._check_inputs(query, key, value, mask, kv_cache)
         check_bool("is_causal", is_causal)
         check_bool("need_weights", need_weights)
+        return self._forward(
+            query, key, value, keep, is_causal=is_causal, need_weights=need_weights,
+            kv_cache=kv_cache,
+        )
+
+    def _forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        keep: Tensor | None,
+        *,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        kv_cache: LayerKVCache | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without the checks: ``keep`` is ``None`` or a bool
+        keep-mask (see :meth:`_check_inputs`)."""
         batch, q_len, _ = query.shape
-        q, k, v = self._project(query, key, value)  # each (B, H, L, d_head)
+        q, k, v = self._project(query, key, value)  # (B, H, Lq, d_k), 2 x (B, H, Lk, d_k)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, H, T_cached + Lk, d_head)
+            k, v = kv_cache.update(k, v)  # (B, H, T + Lk, d_k): cached keys first
         dropout_p = self.dropout if self.training else 0.0
 
         weights = None
-        if need_weights:
-            # A fused kernel cannot return the weights: use the lib computation.
-            attended, weights = scaled_dot_product_attention(
-                q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # (B, H, Lq, d_head), (B, H, Lq, Lk)
+        if need_weights:  # a fused kernel cannot return the weights: the lib computation
+            attended, weights = _attention(
+                q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=None
+            )  # (B, H, Lq, d_k), (B, H, Lq, Lk)
         else:
-            attend = get_backend(self.backend)
-            attended = attend(
-                q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal, scale=None
-            )  # (B, H, Lq, d_head)
+            options = {} if self.block_size is None else {"block_size": self.block_size}
+            attended = BACKENDS[self.backend](
+                q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=None, **options
+            )  # (B, H, Lq, d_k)
         merged = attended.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, Lq, d_model)
         output = self.W_o(merged)  # (B, Lq, d_model)
         return (output, weights) if need_weights else output
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project the inputs and split them into heads: ``(B, L, d_model) -> (B, H, L, d_head)``."""
+        """``W_q``, ``W_k``, ``W_v``, then split into heads: ``(B, L, d_model) -> (B, H, L, d_k)``."""
         if query is key and key is value:
-            # Self-attention: one matmul with the three weight matrices stacked
-            # does the same work as three, with less overhead.
-            weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 d_model, d_model)
+            # Self-attention: one matmul with the three weight matrices stacked does
+            # the work of three with less overhead (nn.MultiheadAttention does the same).
+            weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 d, d)
             bias = None
             if self.W_q.bias is not None:
-                bias = torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])  # (3 d_model,)
+                bias = torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])  # (3 d,)
             q, k, v = F.linear(query, weight, bias).chunk(3, dim=-1)  # 3 x (B, L, d_model)
         else:
             q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, d_model)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)
 
     def _split_heads(self, x: Tensor) -> Tensor:
-        """``(B, L, d_model) -> (B, H, L, d_head)`` without copying."""
+        """``(B, L, d_model) -> (B, H, L, d_k)`` without copying."""
         batch, length, _ = x.shape
-        x = x.view(batch, length, self.num_heads, self.d_head)  # (B, L, H, d_head)
-        return x.transpose(1, 2)  # (B, H, L, d_head)
+        x = x.view(batch, length, self.num_heads, self.d_k)  # (B, L, H, d_k)
+        return x.transpose(1, 2)  # (B, H, L, d_k)
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
-        weight = self.W_q.weight
+    def _check_inputs(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        kv_cache: LayerKVCache | None = None,
+    ) -> Tensor | None:
+        """Validate the inputs of :meth:`forward`; return the mask as a bool
+        keep-mask, or ``None``."""
         for name, t in (("query", query), ("key", key), ("value", value)):
-            check_tensor(name, t, min_dim=3)
-            if t.dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"{name} must have shape (B, L, d_model) = (B, L, {self.d_model}), "
-                    f"got {tuple(t.shape)}"
-                )
-            if t.device != weight.device:
-                raise ValueError(
-                    f"{name} must be on the module's device {weight.device}, got {t.device}"
-                )
-            if t.dtype != weight.dtype:
-                raise TypeError(
-                    f"{name} must have the module's dtype {weight.dtype}, got {t.dtype} "
-                    f"(convert the module with .to({t.dtype}) or the input with .to({weight.dtype}))"
-                )
+            self._check_input(name, t)
         if not query.shape[0] == key.shape[0] == value.shape[0]:
             raise ValueError(
                 "query, key and value must have the same batch size B (dim 0), got "
@@ -244,6 +285,40 @@ class MultiHeadAttention(nn.Module):
                 "key and value must have the same length Lk (dim 1), got "
                 f"key {tuple(key.shape)} and value {tuple(value.shape)}"
             )
+        return self._check_mask(mask, query.shape[0], query.shape[1], key.shape[1], kv_cache)
+
+    def _check_input(self, name: str, t: object) -> None:
+        """``t`` must be a ``(B, L, d_model)`` tensor of the module's dtype and device."""
+        weight = self.W_q.weight
+        check_tensor(name, t, min_dim=3)
+        if t.dim() != 3 or t.shape[-1] != self.d_model:
+            raise ValueError(
+                f"{name} must have shape (B, L, d_model) = (B, L, {self.d_model}), "
+                f"got {tuple(t.shape)}"
+            )
+        if t.device != weight.device:
+            raise ValueError(
+                f"{name} must be on the module's device {weight.device}, got {t.device}"
+            )
+        if t.dtype != weight.dtype:
+            raise TypeError(
+                f"{name} must have the module's dtype {weight.dtype}, got {t.dtype} "
+                f"(convert the module with .to({t.dtype}) or the input with .to({weight.dtype}))"
+            )
+
+    def _check_mask(
+        self,
+        mask: object,
+        batch: int,
+        q_len: int,
+        k_len: int,
+        kv_cache: LayerKVCache | None = None,
+    ) -> Tensor | None:
+        """Check ``kv_cache`` and ``mask`` against the scores ``(B, H, Lq, T + Lk)``
+        (``T`` cached keys come first); return the mask as bool, or ``None``."""
+        past = self._check_cache(kv_cache, batch)
+        if mask is None:
+            return None
         if isinstance(mask, Tensor) and mask.dim() not in (2, 4):
             # A 3-D mask would broadcast (B, Lq, Lk) against (H, Lq, Lk): refuse it.
             raise ValueError(
@@ -251,6 +326,25 @@ class MultiHeadAttention(nn.Module):
                 f"(B, 1, 1, Lk), got {tuple(mask.shape)} (for a (B, Lq, Lk) mask "
                 "pass mask[:, None])"
             )
+        scores_shape = (batch, self.num_heads, q_len, past + k_len)
+        return to_bool(check_mask(mask, scores_shape, device=self.W_q.weight.device))
+
+    def _check_cache(self, kv_cache: object, batch: int) -> int:
+        """``kv_cache`` is ``None`` or a :class:`LayerKVCache` of this batch and
+        heads; return the number of cached positions."""
+        if kv_cache is None:
+            return 0
+        if not isinstance(kv_cache, LayerKVCache):
+            raise TypeError(
+                f"kv_cache must be a LayerKVCache or None, got {type(kv_cache).__name__}"
+            )
+        cached = kv_cache.key
+        if cached is not None and cached.shape[:2] != (batch, self.num_heads):
+            raise ValueError(
+                f"kv_cache holds keys of shape {tuple(cached.shape)} (B, H, T, d_k), "
+                f"which do not fit B={batch} and H={self.num_heads}"
+            )
+        return len(kv_cache)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiHeadAttention:
@@ -288,7 +382,7 @@ class MultiHeadAttention(nn.Module):
                 "module must be built with batch_first=True (inputs (B, L, d_model)), "
                 "got batch_first=False"
             )
-        if not module._qkv_same_embed_dim:
+        if not module.kdim == module.vdim == module.embed_dim:
             raise ValueError(
                 f"module must have kdim == vdim == embed_dim={module.embed_dim}, got "
                 f"kdim={module.kdim} and vdim={module.vdim}"

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_attention_args
-from .masks import as_keep_mask, masked_softmax
+from ._checks import check_attention_args, check_mask
+from .masks import masked_softmax, to_bool, with_causal
 
-__all__ = ["scaled_dot_product_attention"]
+#: Dtypes whose scores, softmax and weighted sum are computed in float32.
+_UPCAST = (torch.float16, torch.bfloat16)
 
 
 def scaled_dot_product_attention(
@@ -54,6 +56,15 @@ def scaled_dot_product_attention(
 
     A query row whose keys are all masked gets all-zero weights and a zero
     output, never ``NaN`` (as ``F.scaled_dot_product_attention`` in torch >= 2.5).
+    The mask never receives a gradient, so a float mask that requires grad is
+    refused.
+
+    **Half precision.** For float16 and bfloat16 inputs the scores, the
+    softmax and the weighted sum are computed in float32, and the output and
+    the weights are rounded back once. In float16 ``q . k`` overflows (above
+    65504) *before* the scale shrinks it, e.g. for ``q = k = 30`` and
+    ``d_k = 128``; accumulating in float32 keeps every result finite where
+    ``F.scaled_dot_product_attention``'s is (it accumulates in float32 too).
 
     Args:
         query: ``(..., Lq, d_k)`` floating tensor.
@@ -78,11 +89,13 @@ def scaled_dot_product_attention(
 
     Raises:
         TypeError: if ``query``/``key``/``value`` are not floating tensors of
-            one dtype, or ``mask`` has an unsupported type or dtype.
-        ValueError: on a ``d_k`` mismatch between query and key, an ``Lk``
-            mismatch between key and value, leading dims or a mask that do not
-            broadcast, a numeric mask that is not 0/1, tensors on different
-            devices, ``dropout_p`` outside ``[0, 1)`` or a non-positive ``scale``.
+            one dtype, ``mask`` has an unsupported type or dtype, ``is_causal``
+            is not a bool, or ``dropout_p``/``scale`` are not real numbers.
+        ValueError: on ``d_k = 0``, a ``d_k`` mismatch between query and key, an
+            ``Lk`` mismatch between key and value, leading dims or a mask that do
+            not broadcast, a numeric mask that is not 0/1 or that requires grad,
+            tensors on different devices, ``dropout_p`` outside ``[0, 1)`` or a
+            ``scale`` that is not finite and > 0.
 
     Shapes:
         - query: ``(..., Lq, d_k)``
@@ -95,17 +108,37 @@ def scaled_dot_product_attention(
     batch_shape = check_attention_args(
         query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
     )  # the broadcast leading dims "..."
-    q_len, k_len, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
-    keep = as_keep_mask(
-        mask, q_len, k_len, is_causal=is_causal, batch_shape=batch_shape, device=query.device
+    if mask is not None:
+        check_mask(mask, (*batch_shape, query.shape[-2], key.shape[-2]), device=query.device)
+    return _attention(
+        query, key, value, to_bool(mask), dropout_p=float(dropout_p), is_causal=is_causal,
+        scale=None if scale is None else float(scale),
     )
+
+
+def _attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    keep: Tensor | None,
+    *,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`scaled_dot_product_attention` without the checks; ``keep`` is a bool
+    keep-mask or ``None`` (the callers validated everything)."""
+    q_len, k_len, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
+    keep = with_causal(keep, q_len, k_len, is_causal, query.device)
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
+    dtype = query.dtype
+    if dtype in _UPCAST:  # q . k can overflow float16 before it is scaled
+        query, key, value = query.float(), key.float(), value.float()
 
     scores = query @ key.transpose(-2, -1) * scale  # (..., Lq, Lk)
     weights = masked_softmax(scores, keep, dim=-1)  # (..., Lq, Lk)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     output = weights @ value  # (..., Lq, d_v)
-    return output, weights
-
+    return output.to(dtype), weights.to(dtype)

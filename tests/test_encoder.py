@@ -301,3 +301,68 @@ def test_classifier_bad_input() -> None:
         TokenClassifier(5, d_model=16.0, positional=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_layers must be an int >= 1, got 0"):
         Encoder(8, 2, 0)
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) does not broadcast to .* \(1, 2, 4, 4\)"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="need_weights must be a bool, got int"):
+        model(torch.zeros(1, 4, dtype=torch.long), need_weights=1)
+
+
+# --- validate once, at the public door -----------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["layer", "encoder"])
+def test_layer_stack_doors_check_x_mask_and_flags(module: str) -> None:
+    door = EncoderLayer(8, 2) if module == "layer" else Encoder(8, 2, 2)
+    x = torch.randn(2, 4, 8)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, d_model\) = \(B, L, 8\), got \(2, 4, 6\)"):
+        door(x[..., :6])
+    with pytest.raises(TypeError, match=r"x must have the module's dtype torch.float32, got torch.float64"):
+        door(x.double())
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 5\) does not broadcast"):
+        door(x, padding_mask([5, 3]))
+    with pytest.raises(ValueError, match=r"mask must have shape \(Lq, Lk\), .* got \(2, 4, 4\)"):
+        door(x, torch.ones(2, 4, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="need_weights must be a bool, got str"):
+        door(x, need_weights="yes")
+
+
+def _validation_calls(fn) -> int:
+    """How many validation helpers (check_* / _check*) of attention_lib ``fn()`` calls."""
+    import sys
+
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        code = frame.f_code
+        if event == "call" and "attention_lib" in code.co_filename and code.co_name.startswith(
+            ("check_", "_check")
+        ):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_validation_runs_once_per_call_not_once_per_layer() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    mask = padding_mask([5, 3])
+    tokens = torch.randint(7, (2, 5))
+    counts = {}
+    for layers in (1, 4):
+        encoder = Encoder(8, 2, layers).eval()
+        classifier = TokenClassifier(7, d_model=8, num_heads=2, num_layers=layers).eval()
+        counts[layers] = (
+            _validation_calls(lambda: encoder(x, mask)),
+            _validation_calls(lambda: classifier(tokens, mask, need_weights=True)),
+        )
+    assert counts[1] == counts[4]  # the same checks, however deep the stack
+    assert all(n > 0 for n in counts[1])  # ... and the profiler does see them
+    layer, mha = EncoderLayer(8, 2).eval(), MultiHeadAttention(8, 2).eval()
+    # one layer validates no more than the attention inside it does on its own
+    assert _validation_calls(lambda: layer(x, mask)) <= _validation_calls(lambda: mha(x, x, x, mask))

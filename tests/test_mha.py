@@ -136,7 +136,8 @@ def test_attributes_are_linear_layers() -> None:
         layer = getattr(mha, name)
         assert isinstance(layer, nn.Linear)
         assert (layer.in_features, layer.out_features) == (D_MODEL, D_MODEL)
-    assert mha.d_head == D_MODEL // HEADS and mha.backend == "lib"
+    assert mha.d_k == D_MODEL // HEADS and mha.backend == "lib"
+    assert not hasattr(mha, "d_head")  # one name for the head width: chapter 6's d_k
     assert "backend='lib'" in repr(mha)
 
 
@@ -150,13 +151,13 @@ def test_fused_self_attention_projection_equals_separate() -> None:
 
 
 def test_heads_are_independent_slices() -> None:
-    """Head h only uses rows h*d_head:(h+1)*d_head of W_q/W_k/W_v (the view+transpose split)."""
+    """Head h only uses rows h*d_k:(h+1)*d_k of W_q/W_k/W_v (the view+transpose split)."""
     _, ours = torch_and_ours(torch.float64)
     q, k, v = random_inputs("cross", torch.float64)
     _, weights = ours(q, k, v, need_weights=True)
-    d_head = ours.d_head
+    d_k = ours.d_k
     for h in range(HEADS):
-        rows = slice(h * d_head, (h + 1) * d_head)
+        rows = slice(h * d_k, (h + 1) * d_k)
         qh = q @ ours.W_q.weight[rows].T + ours.W_q.bias[rows]
         kh = k @ ours.W_k.weight[rows].T + ours.W_k.bias[rows]
         vh = v @ ours.W_v.weight[rows].T + ours.W_v.bias[rows]
@@ -270,8 +271,13 @@ Y = torch.randn(2, 6, D_MODEL)
         ({"d_model": 16.0, "num_heads": 4}, TypeError, r"d_model must be an int >= 1, got float"),
         ({"d_model": 16, "num_heads": 0}, ValueError, r"num_heads must be an int >= 1, got 0"),
         ({"d_model": 16, "num_heads": 4, "dropout": 1.0}, ValueError, r"dropout must be a float in \[0, 1\), got 1.0"),
+        ({"d_model": 16, "num_heads": 4, "dropout": "0"}, TypeError, r"dropout must be a float in \[0, 1\), got str"),
         ({"d_model": 16, "num_heads": 4, "bias": 1}, TypeError, r"bias must be a bool, got int"),
-        ({"d_model": 16, "num_heads": 4, "backend": "flash"}, ValueError, r"backend must be one of 'lib', 'torch'.*got 'flash'"),
+        ({"d_model": 16, "num_heads": 4, "backend": "flash"}, ValueError, r"backend must be one of 'lib', 'torch', 'tiled', got 'flash'"),
+        ({"d_model": 16, "num_heads": 4, "backend": None}, TypeError, r"backend must be a str, got NoneType"),
+        ({"d_model": 16, "num_heads": 4, "block_size": 8}, ValueError, r"block_size is an option of backend='tiled', got backend='lib'"),
+        ({"d_model": 16, "num_heads": 4, "backend": "tiled", "block_size": 0}, ValueError, r"block_size must be an int >= 1, got 0"),
+        ({"d_model": 16, "num_heads": 4, "backend": "tiled", "block_size": 2.0}, TypeError, r"block_size must be an int >= 1 or a tuple"),
     ],
 )
 def test_bad_constructor_args(kwargs, exc, match) -> None:
@@ -297,6 +303,8 @@ MHA = MultiHeadAttention(D_MODEL, HEADS)
         ((X, Y, Y, torch.full((5, 6), float("-inf"))), {}, ValueError, r"additive bias"),
         ((X, Y, Y), {"is_causal": 1}, TypeError, r"is_causal must be a bool, got int"),
         ((X, Y, Y), {"need_weights": None}, TypeError, r"need_weights must be a bool, got NoneType"),
+        ((X, Y, Y, torch.ones(5, 6, requires_grad=True)), {}, ValueError, r"mask requires grad"),
+        ((X, Y, Y), {"kv_cache": {}}, TypeError, r"kv_cache must be a LayerKVCache or None, got dict"),
     ],
 )
 @pytest.mark.parametrize("backend", ["lib", "torch"])
@@ -334,3 +342,75 @@ def test_from_torch_keeps_dropout_mode_and_backend() -> None:
     assert ours.training and ours.dropout == 0.25 and ours.backend == "torch"
     assert ours.W_q.weight.dtype == torch.float64
     assert not MultiHeadAttention.from_torch(ref.eval()).training
+
+
+def test_backend_is_checked_when_assigned() -> None:
+    mha = MultiHeadAttention(D_MODEL, HEADS)
+    mha.backend = "torch"
+    assert mha.backend == "torch"
+    with pytest.raises(ValueError, match=r"backend must be one of 'lib', 'torch', 'tiled', got 'nope'"):
+        mha.backend = "nope"
+    assert mha.backend == "torch"
+
+
+@pytest.mark.parametrize("block_size", [4, (2, 8)])
+def test_tiled_backend_block_size_reaches_tiled_attention(block_size, monkeypatch) -> None:
+    from attention_lib import backends
+
+    seen = []
+    real = backends.BACKENDS["tiled"]
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("block_size"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(backends.BACKENDS, "tiled", spy)
+    _, lib = torch_and_ours(torch.float64)
+    tiled = MultiHeadAttention(D_MODEL, HEADS, backend="tiled", block_size=block_size,
+                               dtype=torch.float64).eval()
+    tiled.load_state_dict(lib.state_dict())
+    q, k, v = random_inputs("cross", torch.float64)
+    out = tiled(q, k, v, is_causal=True)
+    expected_block = (block_size, block_size) if isinstance(block_size, int) else block_size
+    assert seen == [expected_block] and tiled.block_size == expected_block
+    torch.testing.assert_close(out, lib(q, k, v, is_causal=True), atol=1e-10, rtol=0)
+    # without block_size the backend keeps its own default
+    MultiHeadAttention(D_MODEL, HEADS, backend="tiled").eval()(*random_inputs("self", torch.float32))
+    assert seen[-1] is None
+
+
+@pytest.mark.parametrize("backend", ["lib", "torch"])
+def test_float16_overflow_before_scale_stays_finite(backend) -> None:
+    # defect 2: q . k overflows float16 before the 1/sqrt(d_k) scale; torch's is finite.
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(256, 2, batch_first=True, dtype=torch.float16).eval()
+    with torch.no_grad():
+        ref.in_proj_weight.fill_(0.0)
+        ref.in_proj_weight[:512].fill_(1.0 / 16)  # q = k = 30 in every feature of both heads
+        ref.in_proj_weight[512:].copy_(torch.eye(256, dtype=torch.float16))
+        ref.in_proj_bias.zero_()
+    ours = MultiHeadAttention.from_torch(ref, backend=backend)
+    x = torch.full((1, 4, 256), 1.875, dtype=torch.float16)  # 256 * 1.875 / 16 = 30
+    expected, _ = ref(x, x, x, need_weights=False)
+    assert expected.isfinite().all()
+    out = ours(x, x, x)
+    out_w, weights = ours(x, x, x, need_weights=True)
+    assert out.isfinite().all() and out_w.isfinite().all() and weights.isfinite().all()
+    torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
+
+
+def test_from_torch_reads_public_attributes_only() -> None:
+    read = set()
+
+    class Spy(nn.MultiheadAttention):
+        def __getattribute__(self, name):
+            read.add(name)
+            return super().__getattribute__(name)
+
+    module = Spy(16, 4, batch_first=True)
+    read.clear()
+    assert MultiHeadAttention.from_torch(module).d_model == 16
+    private = {n for n in read if n.startswith("_") and not n.startswith("__")}
+    # nn.Module's own storage of parameters and submodules is all it may touch
+    assert private <= {"_parameters", "_buffers", "_modules"}, private
+    assert {"kdim", "vdim", "embed_dim", "in_proj_weight"} <= read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -258,9 +259,16 @@ V = torch.randn(2, 6, 3)
         ((Q, K, V, torch.ones(5, 6, dtype=torch.complex64)), {}, TypeError, r"mask must be a bool keep-mask .* torch.complex64"),
         ((Q, K, V), {"dropout_p": 1.0}, ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
         ((Q, K, V), {"dropout_p": -0.1}, ValueError, r"dropout_p must be a float in \[0, 1\), got -0.1"),
-        ((Q, K, V), {"dropout_p": False}, ValueError, r"dropout_p must be a float in \[0, 1\), got False"),
-        ((Q, K, V), {"scale": 0.0}, ValueError, r"scale must be None or a finite number > 0, got 0.0"),
-        ((Q, K, V), {"scale": True}, ValueError, r"scale must be None or a finite number > 0, got True"),
+        ((Q, K, V), {"dropout_p": False}, TypeError, r"dropout_p must be a float in \[0, 1\), got bool False"),
+        ((Q, K, V), {"dropout_p": "0.1"}, TypeError, r"dropout_p must be .* got str '0.1'"),
+        ((Q, K, V), {"scale": 0.0}, ValueError, r"scale must be a finite float > 0, got 0.0"),
+        ((Q, K, V), {"scale": float("inf")}, ValueError, r"scale must be a finite float > 0, got inf"),
+        ((Q, K, V), {"scale": True}, TypeError, r"scale must be a finite float > 0, got bool True"),
+        ((Q, K, V), {"scale": torch.tensor(0.5)}, TypeError, r"scale must be a finite float > 0, got Tensor"),
+        # defect 4: d_k = 0 used to raise ZeroDivisionError
+        ((Q[..., :0], K[..., :0], V), {}, ValueError, r"query and key must have d_k >= 1 .* got query \(2, 5, 0\)"),
+        # defect 5: a float mask that requires grad would silently get no gradient
+        ((Q, K, V, torch.ones(5, 6, requires_grad=True)), {}, ValueError, r"mask requires grad.*never gets a gradient"),
         ((Q, K, V), {"is_causal": "yes"}, TypeError, r"is_causal must be a bool, got str"),
         ((torch.randn(5), K, V), {}, ValueError, r"query must have at least 2 dims"),
     ],
@@ -276,3 +284,45 @@ def test_mismatched_devices() -> None:
         scaled_dot_product_attention(Q, meta, V)
     with pytest.raises(ValueError, match=r"mask must be on the same device as query/key/value \(cpu\), got mask on meta"):
         scaled_dot_product_attention(Q, K, V, torch.ones(5, 6, dtype=torch.bool, device="meta"))
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float64(0.5), np.int64(2), 0.5, 2])
+def test_scale_accepts_any_real_number(scale) -> None:
+    # defect 5: np.float32(0.5) was refused while np.float64(0.5) was accepted
+    out, w = scaled_dot_product_attention(Q, K, V, scale=scale)
+    expected = F.scaled_dot_product_attention(Q, K, V, scale=float(scale))
+    torch.testing.assert_close(out, expected)
+    assert out.dtype == w.dtype == torch.float32
+
+
+def test_dropout_p_accepts_numpy_floats() -> None:
+    torch.manual_seed(0)
+    out, _ = scaled_dot_product_attention(Q, K, V, dropout_p=np.float32(0.25))
+    assert out.shape == (2, 5, 3) and out.isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_overflow_before_scale_stays_finite(dtype) -> None:
+    # defect 2: q . k = 128 * 900 = 115200 overflows float16 (max 65504) before the
+    # scale 1/sqrt(128) brings it back; torch's result is finite, so ours must be too.
+    q = k = v = torch.full((1, 1, 4, 128), 30.0, dtype=dtype)
+    out, w = scaled_dot_product_attention(q, k, v)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    assert expected.isfinite().all()
+    assert out.isfinite().all() and w.isfinite().all()
+    assert out.dtype == w.dtype == dtype
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(w, torch.full_like(w, 0.25))
+
+
+def test_half_precision_matches_float32_rounded_once() -> None:
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(2, 3, 5, 16) * 4 for _ in range(3))
+    mask = torch.rand(5, 5) > 0.3
+    out32, w32 = scaled_dot_product_attention(q, k, v, mask, is_causal=True)
+    out16, w16 = scaled_dot_product_attention(q.half(), k.half(), v.half(), mask, is_causal=True)
+    ref_out, ref_w = scaled_dot_product_attention(
+        q.half().float(), k.half().float(), v.half().float(), mask, is_causal=True
+    )
+    assert torch.equal(out16, ref_out.half()) and torch.equal(w16, ref_w.half())
+    torch.testing.assert_close(out16.float(), out32, atol=2e-2, rtol=2e-2)

@@ -20,14 +20,14 @@ from attention_lib import (
     MultiHeadAttention,
     OnlineSoftmaxState,
     available_backends,
-    get_backend,
     online_softmax,
     online_softmax_update,
     scaled_dot_product_attention,
     tiled_attention,
 )
 from attention_lib import tiled as tiled_module
-from attention_lib.tiled import DEFAULT_BLOCK_SIZE, tiled_backend
+from attention_lib.backends import BACKENDS
+from attention_lib.tiled import DEFAULT_BLOCK_SIZE
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -673,7 +673,7 @@ def test_bad_block_size(block_size, exc, match) -> None:
 
 def test_tiled_backend_registered() -> None:
     assert "tiled" in available_backends()
-    assert get_backend("tiled") is tiled_backend
+    assert BACKENDS["tiled"] is tiled_attention
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

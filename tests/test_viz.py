@@ -125,8 +125,8 @@ def test_heatmap_custom_scale_for_scores():
         # wrong type -> TypeError, wrong value -> ValueError
         (_weights(2, 2), {"cmap": 3}, TypeError, r"cmap must be a str, got int 3"),
         (_weights(2, 2), {"fmt": None}, TypeError, r"fmt must be a str, got NoneType"),
-        (_weights(2, 2), {"vmin": "0"}, TypeError, r"vmin must be a finite real number, got str '0'"),
-        (_weights(2, 2), {"vmax": float("nan")}, ValueError, r"vmax must be a finite real number, got nan"),
+        (_weights(2, 2), {"vmin": "0"}, TypeError, r"vmin must be a finite float, got str '0'"),
+        (_weights(2, 2), {"vmax": float("nan")}, ValueError, r"vmax must be a finite float, got nan"),
         (_weights(2, 2), {"annotate": 1}, TypeError, r"annotate must be a bool, got int 1"),
         (_weights(2, 2), {"colorbar": "yes"}, TypeError, r"colorbar must be a bool, got str"),
     ],
@@ -195,7 +195,7 @@ def test_grid_rejects_bad_input(weights, kwargs, pattern):
     [
         ({"max_cols": True}, r"max_cols must be an int >= 1, got bool True"),
         ({"max_cols": 2.0}, r"max_cols must be an int >= 1, got float 2.0"),
-        ({"panel_size": "2"}, r"panel_size must be a finite real number > 0, got str"),
+        ({"panel_size": "2"}, r"panel_size must be a finite float > 0, got str"),
         ({"cmap": None}, r"cmap must be a str, got NoneType"),
     ],
 )
