@@ -117,9 +117,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Adds :func:`sinusoidal_positional_encoding` to a batch of embeddings.
 
     The table is a non-trainable buffer (it moves with ``.to()`` but is not a
-    parameter, and is not saved in the ``state_dict``).
-
-    Explained in chapter 7, *Attention that has learned something*.
+    parameter, and is not saved in the ``state_dict``). Chapter 7 builds the
+    table itself with :func:`sinusoidal_positional_encoding`; this module is
+    how :class:`TokenClassifier` adds it.
 
     Args:
         d_model: embedding width.
@@ -166,7 +166,8 @@ class FeedForward(nn.Module):
     (usually ``4 * d_model``), applies a ReLU and projects back. Parameters:
     ``2 * d_model * d_ff + d_ff + d_model``.
 
-    Explained in chapter 7, *Attention that has learned something*.
+    The second block of every :class:`EncoderLayer`; chapter 7 trains the
+    models built from them and counts their parameters.
 
     Args:
         d_model: input and output width.

@@ -125,7 +125,8 @@ def as_keep_mask(
     (``0`` = masked); anything else (e.g. a float *additive bias* as read by
     ``F.scaled_dot_product_attention``) is rejected.
 
-    Explained in chapter 5, *Masking*.
+    The attention functions read their ``mask`` argument with it; the
+    keep-mask convention is chapter 5's, *Masking*.
 
     Args:
         mask: keep-mask broadcastable to ``(*batch_shape, q_len, k_len)``, or ``None``.
@@ -173,7 +174,8 @@ def masked_softmax(scores: Tensor, keep: Tensor | None, dim: int = -1) -> Tensor
     ``NaN`` that the naive ``scores.masked_fill(~keep, -inf).softmax(-1)`` gives
     (``exp(-inf) / sum(exp(-inf)) = 0 / 0``); its gradient is zero, not ``NaN``.
 
-    Explained in chapter 5, *Masking* (softmax itself: chapter 3, *Softmax*).
+    Chapter 5, *Masking*, derives this softmax step by step and names it in
+    its prose; softmax itself is chapter 3's, *Softmax*.
 
     Args:
         scores: ``(..., Lq, Lk)`` attention scores.

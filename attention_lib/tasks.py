@@ -30,16 +30,6 @@ from torch import Tensor, nn
 from ._checks import check_int, check_integer_tensor
 from .show.progress import progress_bar
 
-__all__ = [
-    "TASKS",
-    "make_task_data",
-    "ideal_key_positions",
-    "ideal_attention_share",
-    "count_shared_sequences",
-    "token_accuracy",
-    "TrainingHistory",
-    "train_token_classifier",
-]
 
 #: Names accepted by :func:`make_task_data`.
 TASKS = ("reverse", "shift", "sort")
@@ -262,8 +252,6 @@ def token_accuracy(model: nn.Module, inputs: Tensor, targets: Tensor, *, batch_s
 @dataclass
 class TrainingHistory:
     """What :func:`train_token_classifier` measured.
-
-    Explained in chapter 7, *Attention that has learned something*.
 
     Attributes:
         steps: the step (1-based) of every entry of ``loss``.
