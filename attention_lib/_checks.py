@@ -7,11 +7,39 @@ an opaque matmul error (or, worse, a silent wrong answer).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
+
+# Set while an outer module of this package runs its submodules on inputs it has
+# already checked (see trusted_inputs).
+_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("_TRUSTED", default=False)
+
+
+@contextlib.contextmanager
+def trusted_inputs() -> Iterator[None]:
+    """Validate once: inside this block the package's modules skip their checks.
+
+    A public door (e.g. ``Encoder.forward``) checks its arguments, then calls its
+    submodules *as modules* inside this block, so that their forward hooks still
+    run but their arguments are not checked a second time (a ``mask`` passed
+    down is then already a bool keep-mask).
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def inputs_trusted() -> bool:
+    """Whether an outer module has already checked the arguments (see :func:`trusted_inputs`)."""
+    return _TRUSTED.get()
 
 
 def _describe(t: Tensor) -> str:
@@ -134,16 +162,17 @@ def check_real(
     ``ValueError``. The message names the accepted range, e.g. "a finite float
     > 0" or "a float in [0, 1)" (an int is a float here, as in type hints).
     """
-    low = (f"({above:g}", f"> {above:g}") if above is not None else (
-        (f"[{at_least:g}", f">= {at_least:g}") if at_least is not None else None
-    )
-    high = (f"{below:g})", f"< {below:g}") if below is not None else (
-        (f"{at_most:g}]", f"<= {at_most:g}") if at_most is not None else None
-    )
-    if low and high:
-        expected = f"a float in {low[0]}, {high[0]}"
-    else:
-        expected = " ".join(["a finite float", *(b[1] for b in (low, high) if b)])
+    bounds = [
+        (op, bound)
+        for op, bound in ((">", above), (">=", at_least), ("<", below), ("<=", at_most))
+        if bound is not None
+    ]
+    if len(bounds) == 2:  # an interval, e.g. "a float in [0, 1)"
+        (low_op, low), (high_op, high) = bounds
+        left, right = "(" if low_op == ">" else "[", ")" if high_op == "<" else "]"
+        expected = f"a float in {left}{low:g}, {high:g}{right}"
+    else:  # e.g. "a finite float > 0"
+        expected = " ".join(["a finite float", *(f"{op} {bound:g}" for op, bound in bounds)])
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
     x = float(value)

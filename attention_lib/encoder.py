@@ -29,7 +29,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_dropout_p, check_int, check_integer_tensor, check_tensor
+from ._checks import (
+    check_bool,
+    check_dropout_p,
+    check_int,
+    check_integer_tensor,
+    check_tensor,
+    inputs_trusted,
+    trusted_inputs,
+)
 from .kv_cache import KVCache, LayerKVCache
 from .mha import MultiHeadAttention
 
@@ -142,16 +150,13 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Return ``x + PE[:L]`` for ``x`` of shape ``(B, L, d_model)``."""
-        x = _check_model_input(x, self.d_model)
-        if x.shape[1] > self.max_len:
-            raise ValueError(
-                f"x has sequence length {x.shape[1]}, longer than max_len={self.max_len} "
-                "of this positional encoding"
-            )
-        return self._forward(x)
-
-    def _forward(self, x: Tensor) -> Tensor:
-        """:meth:`forward` without the checks."""
+        if not inputs_trusted():
+            x = _check_model_input(x, self.d_model)
+            if x.shape[1] > self.max_len:
+                raise ValueError(
+                    f"x has sequence length {x.shape[1]}, longer than max_len={self.max_len} "
+                    "of this positional encoding"
+                )
         return x + self.pe[: x.shape[1]].to(x.dtype)  # (B, L, d) + (L, d) -> (B, L, d)
 
     def extra_repr(self) -> str:
@@ -190,16 +195,13 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to every position of ``x`` (``(..., d_model)``)."""
-        x = check_tensor("x", x, min_dim=1)
-        if x.shape[-1] != self.linear1.in_features:
-            raise ValueError(
-                f"x must have last dim d_model={self.linear1.in_features}, "
-                f"got shape {tuple(x.shape)}"
-            )
-        return self._forward(x)
-
-    def _forward(self, x: Tensor) -> Tensor:
-        """:meth:`forward` without the checks."""
+        if not inputs_trusted():
+            x = check_tensor("x", x, min_dim=1)
+            if x.shape[-1] != self.linear1.in_features:
+                raise ValueError(
+                    f"x must have last dim d_model={self.linear1.in_features}, "
+                    f"got shape {tuple(x.shape)}"
+                )
         hidden = self.dropout(self.activation(self.linear1(x)))  # (..., d_ff)
         return self.linear2(hidden)  # (..., d_model)
 
@@ -281,9 +283,13 @@ class EncoderLayer(nn.Module):
             TypeError, ValueError: on bad input, as
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`.
         """
-        keep = _check_layer_input(self.self_attn, x, mask, kv_cache)
-        check_bool("need_weights", need_weights)
-        return self._forward(x, keep, need_weights=need_weights, kv_cache=kv_cache)
+        if inputs_trusted():  # an outer module has checked them: mask is a bool keep-mask
+            keep = mask
+        else:
+            keep = _check_layer_input(self.self_attn, x, mask, kv_cache)
+            check_bool("need_weights", need_weights)
+        with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
+            return self._forward(x, keep, need_weights=need_weights, kv_cache=kv_cache)
 
     def _forward(
         self,
@@ -293,14 +299,14 @@ class EncoderLayer(nn.Module):
         need_weights: bool = False,
         kv_cache: LayerKVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` without the checks; ``keep`` is a bool keep-mask or ``None``."""
+        """:meth:`forward` on checked inputs; ``keep`` is a bool keep-mask or ``None``."""
         h = self.norm1(x)  # (B, L, d)
-        attended = self.self_attn._forward(
+        attended = self.self_attn(
             h, h, h, keep, need_weights=need_weights, kv_cache=kv_cache
         )  # (B, L, d), or with (B, H, L, Lk) weights
         attn, weights = attended if need_weights else (attended, None)
         x = x + self.dropout1(attn)
-        x = x + self.dropout2(self.ffn._forward(self.norm2(x)))  # (B, L, d)
+        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
 
 
@@ -390,12 +396,16 @@ class Encoder(nn.Module):
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`,
                 or a ``cache`` that is not a :class:`~attention_lib.KVCache`.
         """
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-        first = cache.layers[0] if cache is not None and cache.layers else None
-        keep = _check_layer_input(self.layers[0].self_attn, x, mask, first)
-        check_bool("need_weights", need_weights)
-        return self._forward(x, keep, need_weights=need_weights, cache=cache)
+        if inputs_trusted():  # an outer module has checked them: mask is a bool keep-mask
+            keep = mask
+        else:
+            if cache is not None and not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            first = cache.layers[0] if cache is not None and cache.layers else None
+            keep = _check_layer_input(self.layers[0].self_attn, x, mask, first)
+            check_bool("need_weights", need_weights)
+        with trusted_inputs():  # the layers run as modules (hooks work), unchecked
+            return self._forward(x, keep, need_weights=need_weights, cache=cache)
 
     def _forward(
         self,
@@ -405,11 +415,11 @@ class Encoder(nn.Module):
         need_weights: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` without the checks; ``keep`` is a bool keep-mask or ``None``."""
+        """:meth:`forward` on checked inputs; ``keep`` is a bool keep-mask or ``None``."""
         all_weights = []
         for i, layer in enumerate(self.layers):
             kv_cache = None if cache is None else cache.layer(i)
-            out = layer._forward(x, keep, need_weights=need_weights, kv_cache=kv_cache)
+            out = layer(x, keep, need_weights=need_weights, kv_cache=kv_cache)
             if need_weights:
                 x, weights = out  # (B, L, d), (B, H, L, Lk)
                 all_weights.append(weights)
@@ -514,12 +524,13 @@ class TokenClassifier(nn.Module):
         keep = self.encoder.layers[0].self_attn._check_mask(mask, batch, length, length)
         check_bool("need_weights", need_weights)
         x = self.embedding(tokens)  # (B, L, d)
-        if isinstance(self.position, SinusoidalPositionalEncoding):
-            x = self.position._forward(x)
-        elif self.position is not None:
-            positions = torch.arange(length, device=tokens.device)  # (L,)
-            x = x + self.position(positions)  # (B, L, d) + (L, d)
-        out = self.encoder._forward(x, keep, need_weights=need_weights)
+        with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
+            if isinstance(self.position, SinusoidalPositionalEncoding):
+                x = self.position(x)
+            elif self.position is not None:
+                positions = torch.arange(length, device=tokens.device)  # (L,)
+                x = x + self.position(positions)  # (B, L, d) + (L, d)
+            out = self.encoder(x, keep, need_weights=need_weights)
         if not need_weights:
             return self.head(out)  # (B, L, C)
         hidden, weights = out

@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_dropout_p, check_int, check_mask, check_tensor
+from ._checks import (
+    check_bool,
+    check_dropout_p,
+    check_int,
+    check_mask,
+    check_tensor,
+    inputs_trusted,
+)
 from .backends import BACKENDS
 from .kv_cache import LayerKVCache
 from .masks import to_bool
@@ -202,9 +209,12 @@ class MultiHeadAttention(nn.Module):
                 broadcast to ``(B, H, Lq, Lk)`` or is not 0/1, or a cache that
                 holds another batch.
         """
-        keep = self._check_inputs(query, key, value, mask, kv_cache)
-        check_bool("is_causal", is_causal)
-        check_bool("need_weights", need_weights)
+        if inputs_trusted():  # an outer module has checked them: mask is a bool keep-mask
+            keep = mask
+        else:
+            keep = self._check_inputs(query, key, value, mask, kv_cache)
+            check_bool("is_causal", is_causal)
+            check_bool("need_weights", need_weights)
         return self._forward(
             query, key, value, keep, is_causal=is_causal, need_weights=need_weights,
             kv_cache=kv_cache,

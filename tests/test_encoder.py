@@ -366,3 +366,49 @@ def test_validation_runs_once_per_call_not_once_per_layer() -> None:
     layer, mha = EncoderLayer(8, 2).eval(), MultiHeadAttention(8, 2).eval()
     # one layer validates no more than the attention inside it does on its own
     assert _validation_calls(lambda: layer(x, mask)) <= _validation_calls(lambda: mha(x, x, x, mask))
+
+
+def test_forward_hooks_of_the_submodules_run() -> None:
+    # Chapter 7 ablates blocks with forward hooks: validating once must not bypass them.
+    from attention_lib._checks import inputs_trusted
+
+    torch.manual_seed(0)
+    model = TokenClassifier(7, d_model=8, num_heads=2, num_layers=2).eval()
+    tokens = torch.randint(7, (3, 5))
+    calls = []
+
+    def zero(module, inputs, output):
+        calls.append(type(module).__name__)
+        return torch.zeros_like(output)
+
+    before = model(tokens)
+    layer = model.encoder.layers[1]
+    hooks = [layer.self_attn.register_forward_hook(zero), layer.ffn.register_forward_hook(zero)]
+    try:
+        ablated = model(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == ["MultiHeadAttention", "FeedForward"]
+    assert not torch.allclose(ablated, before)
+    assert torch.equal(model(tokens), before)
+    assert not inputs_trusted()  # the trusted block ends with the call
+
+
+def test_checks_come_back_after_an_error_inside_the_stack() -> None:
+    from attention_lib._checks import inputs_trusted
+
+    layer = EncoderLayer(8, 2)
+
+    def fail(module, inputs, output):
+        raise RuntimeError("boom")
+
+    hook = layer.ffn.register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        layer(torch.randn(1, 3, 8))
+    hook.remove()
+    assert not inputs_trusted()
+    with pytest.raises(ValueError, match=r"x must have shape"):
+        layer(torch.randn(1, 3, 5))
+    with pytest.raises(ValueError, match=r"x must have last dim d_model=8"):
+        layer.ffn(torch.randn(1, 3, 5))
