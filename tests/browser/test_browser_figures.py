@@ -1,10 +1,19 @@
-"""Every figure stored in a notebook's outputs shows up, visible and non-empty."""
+"""Every figure stored in a notebook's outputs shows up, visible, non-empty and legible.
+
+Legible: at 1280 px the smallest text of every figure is at least about 9 CSS px. It is
+computed from the image's natural and displayed widths, the resolution stored in the PNG,
+and the font rule of attention_lib.show.style (or, for an explorer, the smallest font its
+frames measured).
+"""
 
 from __future__ import annotations
 
 import json
 
-from bookpages import source_path
+from bookpages import NOTEBOOK_PAGES, built_html, source_path
+from bs4 import BeautifulSoup
+
+from attention_lib.show.style import COLUMN_PX
 
 # myst-nb's MIME priority for the html builder, with the widget view dropped as in
 # _config.yml (nb_mime_priority_overrides): the first type a bundle has is rendered.
@@ -19,6 +28,26 @@ HTML_PRIORITY = [
     "text/plain",
 ]
 REMOVED = {"remove-cell", "remove_cell", "remove-output", "remove_output"}
+
+
+def show_all_figures(page) -> None:
+    """Open hidden outputs (closed <details>) and load the lazily loaded figures now, as a
+    reader who scrolls through the page would; wait until every figure has loaded."""
+    page.evaluate("""() => {
+        document.querySelectorAll('article details').forEach(d => d.open = true);
+        document.querySelectorAll('img[loading="lazy"]').forEach(i => i.loading = 'eager');
+    }""")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.cell_output img')].every(i => i.complete)"
+    )
+
+
+def test_figures_load_lazily(notebook: str) -> None:
+    # A cold page load fetches only the figures in view (book/_ext/afs_site.py).
+    soup = BeautifulSoup(built_html(notebook), "html.parser")
+    files = [i for i in soup.select("article img") if not i["src"].startswith("data:")]
+    eager = [i["src"] for i in files if i.get("loading") != "lazy"]
+    assert not eager, f"{notebook}: figures loaded eagerly: {eager}"
 
 
 def stored_figures(notebook: str) -> int:
@@ -38,10 +67,7 @@ def stored_figures(notebook: str) -> int:
 def test_every_stored_figure_is_visible(loaded, notebook: str) -> None:
     page = loaded(notebook).page
     # Outputs of cells tagged hide-output sit in closed <details>: open them, as a reader would.
-    page.evaluate("() => document.querySelectorAll('article details').forEach(d => d.open = true)")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.cell_output img')].every(i => i.complete)"
-    )
+    show_all_figures(page)
     figures = page.locator(".cell_output img:not(.afs-explorer img)")
     expected = stored_figures(notebook)
     assert figures.count() == expected, (
@@ -55,3 +81,14 @@ def test_every_stored_figure_is_visible(loaded, notebook: str) -> None:
         assert natural[0] > 0 and natural[1] > 0, f"{notebook}: figure {i} did not decode"
         box = img.bounding_box()
         assert box and box["width"] > 0 and box["height"] > 0, f"{notebook}: figure {i} has no size"
+
+
+def test_book_column_is_the_width_the_figure_rules_assume(loaded) -> None:
+    page = loaded(NOTEBOOK_PAGES[0]).page
+    width = page.evaluate("""() => { const a = document.querySelector('article.bd-article');
+        const s = getComputedStyle(a);
+        return a.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); }""")
+    assert abs(width - COLUMN_PX) <= 2, (
+        f"the text column is {width} px wide at 1280 px, attention_lib.show.style.COLUMN_PX "
+        f"says {COLUMN_PX}: update it (the figure rules size figures for it)"
+    )
