@@ -97,8 +97,9 @@ def test_pyproject_lists_every_third_party_import():
         for dep in project["dependencies"]
     }
     imported = set().union(*(_imported_top_names(p) for p in PACKAGE.rglob("*.py")))
+    dist = {"pil": "pillow"}  # import name -> distribution name, where they differ
     third_party = {
-        name.lower()
+        dist.get(name.lower(), name.lower())
         for name in imported - set(sys.stdlib_module_names) - {"attention_lib", "__future__"}
     }
     # torch is pinned in requirements.txt on purpose (a range here would pull a CUDA build).
