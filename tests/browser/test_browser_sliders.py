@@ -82,8 +82,15 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
             state = ex.evaluate(STATE_JS)
             check_state(state, where)
             sources = {state["shown"][0]["src"]}
-            # Keyboard: the reader tabs to the slider and presses the right arrow to the end.
+            # Keyboard: the reader tabs to the slider, goes Home (an explorer may start on a
+            # later value, explore(start=...)), and presses the right arrow to the end.
             slider.focus()
+            if slider.input_value() != "0":
+                page.keyboard.press("Home")
+                assert slider.input_value() == "0", f"{where}: Home did not move it"
+                state = ex.evaluate(STATE_JS)
+                check_state(state, f"{where} at Home")
+                sources.add(state["shown"][0]["src"])
             for step in range(1, last + 1):
                 before = state
                 page.keyboard.press("ArrowRight")
