@@ -31,8 +31,14 @@ from .show.explorer import SliderExplorer, explore  # noqa: E402
 from .show.style import smallest_text_px, use_book_style  # noqa: E402
 from .show.viz import attention_grid, attention_heatmap  # noqa: E402
 
-__all__ += ["attention_heatmap", "attention_grid", "explore", "SliderExplorer",
-            "use_book_style", "smallest_text_px"]
+__all__ += [
+    "attention_heatmap",
+    "attention_grid",
+    "explore",
+    "SliderExplorer",
+    "use_book_style",
+    "smallest_text_px",
+]
 
 # --- efficient attention: online softmax and tiled attention (chapter 8)
 from .tiled import (  # noqa: E402

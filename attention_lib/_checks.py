@@ -83,8 +83,7 @@ def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
         )
     if query.shape[-1] == 0:
         raise ValueError(
-            f"query and key must have d_k >= 1 features (last dim), got query "
-            f"{tuple(query.shape)}"
+            f"query and key must have d_k >= 1 features (last dim), got query {tuple(query.shape)}"
         )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(

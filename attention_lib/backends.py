@@ -71,8 +71,13 @@ def torch_backend(
     if keep is not None:
         keep = with_causal(keep, q.shape[-2], k.shape[-2], is_causal, q.device)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=keep, dropout_p=dropout_p,
-        is_causal=is_causal and keep is None, scale=scale,
+        q,
+        k,
+        v,
+        attn_mask=keep,
+        dropout_p=dropout_p,
+        is_causal=is_causal and keep is None,
+        scale=scale,
     )  # (B, H, Lq, d_k)
 
 

@@ -23,8 +23,6 @@ from ._checks import check_bool, check_int, check_integer_tensor
 from .encoder import POSITIONAL_KINDS, Encoder, SinusoidalPositionalEncoding
 from .kv_cache import KVCache
 
-__all__ = ["CausalLM"]
-
 
 def _bottom_right_causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
     """Keep-mask of ``q_len`` queries that are the *last* of ``k_len`` positions.

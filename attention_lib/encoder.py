@@ -49,9 +49,7 @@ def _check_model_input(x: object, d_model: int) -> Tensor:
     """``x`` must be a floating ``(B, L, d_model)`` tensor."""
     x = check_tensor("x", x, min_dim=3)
     if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(
-            f"x must have shape (B, L, d_model={d_model}), got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"x must have shape (B, L, d_model={d_model}), got shape {tuple(x.shape)}")
     return x
 
 
@@ -542,8 +540,7 @@ class TokenClassifier(nn.Module):
             raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
         if tokens.shape[1] > self.max_len:
             raise ValueError(
-                f"tokens has sequence length {tokens.shape[1]}, longer than "
-                f"max_len={self.max_len}"
+                f"tokens has sequence length {tokens.shape[1]}, longer than max_len={self.max_len}"
             )
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(

@@ -23,8 +23,6 @@ from ._checks import check_bool, check_int, check_integer_tensor
 from .causal_lm import CausalLM
 from .kv_cache import KVCache
 
-__all__ = ["generate"]
-
 
 def _check_temperature(temperature: object, do_sample: bool) -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
@@ -120,7 +118,9 @@ def generate(
     if top_k is not None:
         top_k = check_int("top_k", top_k, minimum=1)
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
 
     def pick(logits: Tensor) -> Tensor:  # (B, V) -> (B, 1)
         return _next_token(

@@ -20,8 +20,6 @@ from torch import Tensor, nn
 
 from ._checks import check_int, check_integer_tensor
 
-__all__ = ["make_induction_data", "predictable_positions", "predictable_accuracy"]
-
 
 def make_induction_data(
     num_sequences: int,

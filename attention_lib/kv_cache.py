@@ -20,8 +20,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "LayerKVCache"]
-
 
 def _nbytes(t: Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 from ._checks import check_int
 
-__all__ = ["PUBLISHED_SHAPES", "ModelShape", "kv_cache_bytes", "kv_cache_table"]
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -48,8 +46,13 @@ class ModelShape:
     def kv_cache_bytes(self, seq_len: int, *, batch_size: int = 1, bytes_per_value: int = 2) -> int:
         """The cache of ``batch_size`` sequences of ``seq_len`` tokens (see :func:`kv_cache_bytes`)."""
         return kv_cache_bytes(
-            self.num_layers, self.num_kv_heads, self.d_head, seq_len,
-            batch_size=batch_size, bytes_per_value=bytes_per_value, window=self.window,
+            self.num_layers,
+            self.num_kv_heads,
+            self.d_head,
+            seq_len,
+            batch_size=batch_size,
+            bytes_per_value=bytes_per_value,
+            window=self.window,
         )
 
 
@@ -63,7 +66,11 @@ PUBLISHED_SHAPES: dict[str, ModelShape] = {
         ModelShape("Llama-3-8B", num_layers=32, num_heads=32, num_kv_heads=8, d_head=128),
         # mistralai/Mistral-7B-v0.1: like Llama-3-8B's attention, plus a 4096-token window
         ModelShape(
-            "Mistral-7B-v0.1", num_layers=32, num_heads=32, num_kv_heads=8, d_head=128,
+            "Mistral-7B-v0.1",
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            d_head=128,
             window=4096,
         ),
         # tiiuae/falcon-7b: 32 layers, 71 heads, hidden 4544, multi_query (MQA)

@@ -216,7 +216,12 @@ class MultiHeadAttention(nn.Module):
             check_bool("is_causal", is_causal)
             check_bool("need_weights", need_weights)
         return self._forward(
-            query, key, value, keep, is_causal=is_causal, need_weights=need_weights,
+            query,
+            key,
+            value,
+            keep,
+            is_causal=is_causal,
+            need_weights=need_weights,
             kv_cache=kv_cache,
         )
 
@@ -357,7 +362,9 @@ class MultiHeadAttention(nn.Module):
         return len(kv_cache)
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiHeadAttention:
+    def from_torch(
+        cls, module: nn.MultiheadAttention, *, backend: str = "lib"
+    ) -> MultiHeadAttention:
         """Build a module that computes the same function as a batch-first
         ``nn.MultiheadAttention``.
 
@@ -400,13 +407,19 @@ class MultiHeadAttention(nn.Module):
         if module.bias_k is not None or module.bias_v is not None:
             raise ValueError("module must be built with add_bias_kv=False, got add_bias_kv=True")
         if module.add_zero_attn:
-            raise ValueError("module must be built with add_zero_attn=False, got add_zero_attn=True")
+            raise ValueError(
+                "module must be built with add_zero_attn=False, got add_zero_attn=True"
+            )
         d_model = module.embed_dim
         weight = module.in_proj_weight
         ours = cls(
-            d_model, module.num_heads, dropout=module.dropout,
-            bias=module.in_proj_bias is not None, backend=backend,
-            device=weight.device, dtype=weight.dtype,
+            d_model,
+            module.num_heads,
+            dropout=module.dropout,
+            bias=module.in_proj_bias is not None,
+            backend=backend,
+            device=weight.device,
+            dtype=weight.dtype,
         )
         with torch.no_grad():
             for i, linear in enumerate((ours.W_q, ours.W_k, ours.W_v)):

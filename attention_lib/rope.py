@@ -31,8 +31,6 @@ from torch import Tensor
 
 from ._checks import check_bool, check_integer_tensor, check_tensor
 
-__all__ = ["apply_rope", "rope_frequencies", "rope_permutation"]
-
 
 def rope_frequencies(
     d_head: int,
@@ -195,8 +193,7 @@ def _check_d_head(d_head: object, *, name: str = "d_head") -> None:
         raise TypeError(f"{name} must be an int, got {type(d_head).__name__} {d_head!r}")
     if d_head < 2 or d_head % 2:
         raise ValueError(
-            f"{name} must be a positive even number (RoPE turns coordinate pairs), "
-            f"got {d_head}"
+            f"{name} must be a positive even number (RoPE turns coordinate pairs), got {d_head}"
         )
 
 

@@ -111,7 +111,12 @@ def scaled_dot_product_attention(
     if mask is not None:
         check_mask(mask, (*batch_shape, query.shape[-2], key.shape[-2]), device=query.device)
     return _attention(
-        query, key, value, to_bool(mask), dropout_p=float(dropout_p), is_causal=is_causal,
+        query,
+        key,
+        value,
+        to_bool(mask),
+        dropout_p=float(dropout_p),
+        is_causal=is_causal,
         scale=None if scale is None else float(scale),
     )
 

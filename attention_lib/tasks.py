@@ -189,7 +189,7 @@ def ideal_attention_share(weights: Tensor, key_positions: Tensor, *, window: int
         raise ValueError(
             f"key_positions must have shape (Lq,) = ({q_len},), got {tuple(key_positions.shape)}"
         )
-    if (int(key_positions.min()) < 0 or int(key_positions.max()) >= k_len):
+    if int(key_positions.min()) < 0 or int(key_positions.max()) >= k_len:
         raise ValueError(f"key_positions must lie in [0, Lk={k_len}), got {key_positions.tolist()}")
     keys = torch.arange(k_len, device=weights.device)  # (Lk,)
     distance = (keys[None, :] - key_positions.to(weights.device)[:, None]).abs()  # (Lq, Lk)
@@ -219,7 +219,9 @@ def count_shared_sequences(a: Tensor, b: Tensor) -> int:
 
 
 @torch.no_grad()
-def token_accuracy(model: nn.Module, inputs: Tensor, targets: Tensor, *, batch_size: int = 1024) -> float:
+def token_accuracy(
+    model: nn.Module, inputs: Tensor, targets: Tensor, *, batch_size: int = 1024
+) -> float:
     """Share of positions whose arg-max prediction equals the target (in ``eval()`` mode).
 
     The model's training/eval mode is restored afterwards.

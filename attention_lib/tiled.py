@@ -33,14 +33,6 @@ from torch.autograd.function import once_differentiable
 from ._checks import check_attention_args, check_dropout_p, check_int, check_tensor
 from .masks import as_keep_mask
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "OnlineSoftmaxState",
-    "online_softmax",
-    "online_softmax_update",
-    "tiled_attention",
-    "tiled_backend",
-]
 
 #: Default ``(block_q, block_k)`` of :func:`tiled_attention`: a ``(B*H, 256, 256)``
 #: float32 score tile is 2 MiB for 8 heads, small enough to stay in the CPU's
@@ -633,7 +625,11 @@ def _check_update(state: object, scores: object, value: object) -> None:
         )
     check_tensor("scores", scores)
     check_tensor("value", value)
-    acc_shape, scores_shape, value_shape = tuple(state.acc.shape), tuple(scores.shape), tuple(value.shape)
+    acc_shape, scores_shape, value_shape = (
+        tuple(state.acc.shape),
+        tuple(scores.shape),
+        tuple(value.shape),
+    )
     expected_scores = (*acc_shape[:-1], value_shape[-2])
     if (
         scores_shape != expected_scores

@@ -46,7 +46,9 @@ def owner_and_repo(repository_url: str) -> tuple[str, str]:
     parsed = urlparse(repository_url)
     parts = parsed.path.strip("/").removesuffix(".git").split("/")
     if parsed.netloc != "github.com" or len(parts) != 2 or not all(parts):
-        raise ValueError(f"repository.url must be https://github.com/OWNER/REPO, got {repository_url!r}")
+        raise ValueError(
+            f"repository.url must be https://github.com/OWNER/REPO, got {repository_url!r}"
+        )
     return parts[0], parts[1]
 
 
@@ -72,7 +74,9 @@ def expected_urls(config: dict, docname: str, suffix: str) -> PageUrls:
     notebook = suffix == ".ipynb"
     binder = colab = None
     if notebook and launch.get("binderhub_url"):
-        ui = {"jupyterlab": "lab/tree", "classic": "tree"}[launch.get("notebook_interface", "classic")]
+        ui = {"jupyterlab": "lab/tree", "classic": "tree"}[
+            launch.get("notebook_interface", "classic")
+        ]
         binder = f"{launch['binderhub_url'].rstrip('/')}/v2/gh/{owner}/{name}/{branch}?urlpath={ui}/{path}"
     if notebook and launch.get("colab_url"):
         colab = f"{launch['colab_url'].rstrip('/')}/github/{owner}/{name}/blob/{branch}/{path}"

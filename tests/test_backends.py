@@ -42,7 +42,9 @@ def test_backends_agree(is_causal, with_mask, q_len, k_len) -> None:
 def test_torch_backend_dropout() -> None:
     q = torch.randn(1, 2, 4, 8)
     out = torch_backend(q, q, q, None, dropout_p=0.5, is_causal=False, scale=None)
-    assert not torch.allclose(out, torch_backend(q, q, q, None, dropout_p=0.0, is_causal=False, scale=None))
+    assert not torch.allclose(
+        out, torch_backend(q, q, q, None, dropout_p=0.0, is_causal=False, scale=None)
+    )
 
 
 @pytest.mark.parametrize("backend", ["lib", "torch", "tiled"])

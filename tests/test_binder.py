@@ -32,6 +32,7 @@ NOT_ON_BINDER = {
     "playwright",
     "jupytext",
     "jupyter-repo2docker",
+    "ruff",
 }
 
 
@@ -79,7 +80,9 @@ def run_lines(dockerfile: str) -> list[str]:
 def test_repo2docker_installs_binder_requirements(dockerfile: str) -> None:
     pip_runs = [line for line in run_lines(dockerfile) if "pip install" in line]
     assert len(pip_runs) == 1, pip_runs
-    assert re.search(r'pip install (--no-cache-dir )?-r "?binder/requirements\.txt"?$', pip_runs[0]), pip_runs
+    assert re.search(
+        r'pip install (--no-cache-dir )?-r "?binder/requirements\.txt"?$', pip_runs[0]
+    ), pip_runs
 
 
 def test_root_requirements_are_not_what_binder_installs(dockerfile: str) -> None:
@@ -106,10 +109,16 @@ def test_editable_install_resolves_to_the_repository_root(dockerfile: str) -> No
     assert "-e ." in requirement_lines(BINDER / "requirements.txt")
     lines = dockerfile.splitlines()
     workdir = lines.index("WORKDIR ${REPO_DIR}")
-    copy_all = next(i for i, line in enumerate(lines)
-                    if re.fullmatch(r"COPY (--chown=\S+ )?src/ \$\{REPO_DIR\}/?", line))
-    pip = next(i for i, line in enumerate(lines)
-               if line.startswith("RUN ") and "binder/requirements.txt" in line)
+    copy_all = next(
+        i
+        for i, line in enumerate(lines)
+        if re.fullmatch(r"COPY (--chown=\S+ )?src/ \$\{REPO_DIR\}/?", line)
+    )
+    pip = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("RUN ") and "binder/requirements.txt" in line
+    )
     assert workdir < copy_all < pip
     assert not any(line.startswith("WORKDIR") for line in lines[workdir + 1 : pip])
 

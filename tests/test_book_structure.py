@@ -187,8 +187,7 @@ def test_exercises_open_with_the_common_sentence(nb: Path) -> None:
         after = "".join(cells[1]["source"]).strip()
     first_paragraph = " ".join(after.split("\n\n", 1)[0].split())
     assert first_paragraph == EXERCISES_SENTENCE, (
-        f"{nb.name}: `## Exercises` must open with {EXERCISES_SENTENCE!r}, "
-        f"not {first_paragraph!r}"
+        f"{nb.name}: `## Exercises` must open with {EXERCISES_SENTENCE!r}, not {first_paragraph!r}"
     )
 
 
@@ -245,9 +244,7 @@ def test_no_seed_detector_catches_what_it_should() -> None:
 def shown_code_cells(data: dict) -> list[dict]:
     """Code cells that reach the HTML book (not `remove-cell`, like the Colab cell)."""
     return [
-        c
-        for c in data["cells"]
-        if c["cell_type"] == "code" and "remove-cell" not in cell_tags(c)
+        c for c in data["cells"] if c["cell_type"] == "code" and "remove-cell" not in cell_tags(c)
     ]
 
 
@@ -278,9 +275,7 @@ def test_code_and_text_output_lines_fit_the_column(nb: Path) -> None:
             for line in text.splitlines():
                 if len(line) > MAX_LINE:
                     too_long.append(f"output ({len(line)}): {line}")
-    assert not too_long, f"{nb.name}: lines over {MAX_LINE} characters:\n" + "\n".join(
-        too_long
-    )
+    assert not too_long, f"{nb.name}: lines over {MAX_LINE} characters:\n" + "\n".join(too_long)
 
 
 @pytest.mark.parametrize("nb", chapter_params())
@@ -294,8 +289,7 @@ def test_static_figures_say_what_they_show(nb: Path) -> None:
         images = [
             o
             for o in cell["outputs"]
-            if o["output_type"] in ("execute_result", "display_data")
-            and "image/png" in o["data"]
+            if o["output_type"] in ("execute_result", "display_data") and "image/png" in o["data"]
         ]
         if not images:
             continue
@@ -303,6 +297,5 @@ def test_static_figures_say_what_they_show(nb: Path) -> None:
         caption = meta.get("figure", {}).get("caption", "")
         alt = meta.get("image", {}).get("alt", "")
         assert caption.strip() or alt.strip(), (
-            f"{nb.name}: a figure without caption or alt text:\n"
-            + "".join(cell["source"])[:200]
+            f"{nb.name}: a figure without caption or alt text:\n" + "".join(cell["source"])[:200]
         )

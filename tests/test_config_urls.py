@@ -32,16 +32,19 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     config["repository"]["branch"] = NEW_BRANCH
     (src / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (src / "_toc.yml").write_text(
-        yaml.safe_dump({"format": "jb-book", "root": "book/intro",
-                        "chapters": [{"file": "book/01_tiny"}]})
+        yaml.safe_dump(
+            {"format": "jb-book", "root": "book/intro", "chapters": [{"file": "book/01_tiny"}]}
+        )
     )
     book = src / "book"
     book.mkdir()
     # The book's own Sphinx extension, static files and templates, as _config.yml names them.
     sphinx = config.get("sphinx", {})
-    folders = [*sphinx.get("local_extensions", {}).values(),
-               *sphinx.get("config", {}).get("html_static_path", []),
-               *sphinx.get("config", {}).get("templates_path", [])]
+    folders = [
+        *sphinx.get("local_extensions", {}).values(),
+        *sphinx.get("config", {}).get("html_static_path", []),
+        *sphinx.get("config", {}).get("templates_path", []),
+    ]
     for folder in folders:
         shutil.copytree(ROOT / folder, src / folder)
     for bib in config.get("bibtex_bibfiles", []):
@@ -54,17 +57,24 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
         nbformat.v4.new_code_cell(
             "1 + 1",
             execution_count=1,
-            outputs=[nbformat.v4.new_output("execute_result", {"text/plain": "2"},
-                                            execution_count=1)],
+            outputs=[
+                nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)
+            ],
         ),
     ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(nb, book / "01_tiny.ipynb")
 
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     proc = subprocess.run(
         [str(jupyter_book), "build", str(src), "-W", "-n", "--keep-going", "--builder", "html"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return config, src / "_build" / "html"
@@ -95,8 +105,13 @@ def test_every_button_follows_the_repository_setting(rebuilt, docname: str, suff
     if suffix == ".ipynb":
         assert got["Launch on Binder"] == want.binder
         assert got["Launch on Colab"] == want.colab
-        assert f"/renamed-owner/renamed-book/{NEW_BRANCH}?urlpath=lab/tree/book/01_tiny.ipynb" in want.binder
-        assert want.colab.endswith(f"/renamed-owner/renamed-book/blob/{NEW_BRANCH}/book/01_tiny.ipynb")
+        assert (
+            f"/renamed-owner/renamed-book/{NEW_BRANCH}?urlpath=lab/tree/book/01_tiny.ipynb"
+            in want.binder
+        )
+        assert want.colab.endswith(
+            f"/renamed-owner/renamed-book/blob/{NEW_BRANCH}/book/01_tiny.ipynb"
+        )
     else:
         assert "Launch on Binder" not in got and "Launch on Colab" not in got
 

@@ -91,7 +91,9 @@ def test_positional_encoding_module_adds_the_table_and_has_no_parameters() -> No
     assert module(x.double()).dtype == torch.float64
     with pytest.raises(ValueError, match="sequence length 11, longer than max_len=10"):
         module(torch.randn(1, 11, 8))
-    with pytest.raises(ValueError, match=r"x must have shape \(B, L, d_model=8\), got shape \(2, 6, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"x must have shape \(B, L, d_model=8\), got shape \(2, 6, 4\)"
+    ):
         module(torch.randn(2, 6, 4))
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
         module(torch.zeros(2, 6, 8, dtype=torch.long))
@@ -229,9 +231,12 @@ def test_classifier_with_padding_mask_ignores_padding_tokens() -> None:
 
 
 @pytest.mark.parametrize(
-    "d_model, num_heads, num_layers, d_ff", [(64, 4, 2, 128), (64, 1, 2, 128), (32, 8, 3, None), (12, 3, 1, 7)]
+    "d_model, num_heads, num_layers, d_ff",
+    [(64, 4, 2, 128), (64, 1, 2, 128), (32, 8, 3, None), (12, 3, 1, 7)],
 )
-def test_encoder_parameter_count_formula(d_model: int, num_heads: int, num_layers: int, d_ff: int | None) -> None:
+def test_encoder_parameter_count_formula(
+    d_model: int, num_heads: int, num_layers: int, d_ff: int | None
+) -> None:
     encoder = Encoder(d_model, num_heads, num_layers, d_ff)
     f = 4 * d_model if d_ff is None else d_ff
     d = d_model
@@ -250,7 +255,9 @@ def test_encoder_parameter_count_of_the_chapter_model() -> None:
 
 @pytest.mark.parametrize("positional, extra", [("sinusoidal", 0), (None, 0), ("learned", 16 * 32)])
 def test_classifier_parameter_count(positional: str | None, extra: int) -> None:
-    model = TokenClassifier(10, 7, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=16, positional=positional)
+    model = TokenClassifier(
+        10, 7, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=16, positional=positional
+    )
     expected = 10 * 32 + Encoder.num_parameters(32, 2, 64) + (32 * 7 + 7) + extra
     assert n_params(model) == expected
 
@@ -270,7 +277,9 @@ def test_classifier_shapes_and_weights() -> None:
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", None])
-def test_only_the_model_without_positions_is_permutation_equivariant(positional: str | None) -> None:
+def test_only_the_model_without_positions_is_permutation_equivariant(
+    positional: str | None,
+) -> None:
     torch.manual_seed(10)
     model = TokenClassifier(9, d_model=16, num_heads=2, max_len=10, positional=positional).eval()
     tokens = torch.randint(9, (3, 10))
@@ -283,7 +292,9 @@ def test_only_the_model_without_positions_is_permutation_equivariant(positional:
 
 def test_classifier_bad_input() -> None:
     model = TokenClassifier(5, d_model=8, num_heads=2, max_len=6)
-    with pytest.raises(TypeError, match="tokens must be an integer tensor of ids, got dtype torch.float32"):
+    with pytest.raises(
+        TypeError, match="tokens must be an integer tensor of ids, got dtype torch.float32"
+    ):
         model(torch.zeros(1, 4))
     with pytest.raises(ValueError, match=r"tokens must have shape \(B, L\), got shape \(4,\)"):
         model(torch.zeros(4, dtype=torch.long))
@@ -301,7 +312,9 @@ def test_classifier_bad_input() -> None:
         TokenClassifier(5, d_model=16.0, positional=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_layers must be an int >= 1, got 0"):
         Encoder(8, 2, 0)
-    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) does not broadcast to .* \(1, 2, 4, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(3, 3\) does not broadcast to .* \(1, 2, 4, 4\)"
+    ):
         model(torch.zeros(1, 4, dtype=torch.long), torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(TypeError, match="need_weights must be a bool, got int"):
         model(torch.zeros(1, 4, dtype=torch.long), need_weights=1)
@@ -314,9 +327,13 @@ def test_classifier_bad_input() -> None:
 def test_layer_stack_doors_check_x_mask_and_flags(module: str) -> None:
     door = EncoderLayer(8, 2) if module == "layer" else Encoder(8, 2, 2)
     x = torch.randn(2, 4, 8)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, L, d_model\) = \(B, L, 8\), got \(2, 4, 6\)"):
+    with pytest.raises(
+        ValueError, match=r"x must have shape \(B, L, d_model\) = \(B, L, 8\), got \(2, 4, 6\)"
+    ):
         door(x[..., :6])
-    with pytest.raises(TypeError, match=r"x must have the module's dtype torch.float32, got torch.float64"):
+    with pytest.raises(
+        TypeError, match=r"x must have the module's dtype torch.float32, got torch.float64"
+    ):
         door(x.double())
     with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 5\) does not broadcast"):
         door(x, padding_mask([5, 3]))
@@ -335,8 +352,10 @@ def _validation_calls(fn) -> int:
     def profile(frame, event, arg):
         nonlocal calls
         code = frame.f_code
-        if event == "call" and "attention_lib" in code.co_filename and code.co_name.startswith(
-            ("check_", "_check")
+        if (
+            event == "call"
+            and "attention_lib" in code.co_filename
+            and code.co_name.startswith(("check_", "_check"))
         ):
             calls += 1
 
@@ -365,7 +384,9 @@ def test_validation_runs_once_per_call_not_once_per_layer() -> None:
     assert all(n > 0 for n in counts[1])  # ... and the profiler does see them
     layer, mha = EncoderLayer(8, 2).eval(), MultiHeadAttention(8, 2).eval()
     # one layer validates no more than the attention inside it does on its own
-    assert _validation_calls(lambda: layer(x, mask)) <= _validation_calls(lambda: mha(x, x, x, mask))
+    assert _validation_calls(lambda: layer(x, mask)) <= _validation_calls(
+        lambda: mha(x, x, x, mask)
+    )
 
 
 def test_forward_hooks_of_the_submodules_run() -> None:

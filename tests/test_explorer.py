@@ -113,7 +113,9 @@ def test_fallback_two_parameters_one_frame_per_pair():
     page = Tags(ex.to_html())
     frames = page.find("img", "afs-frame")
     assert len(frames) == 6 == len(ex.frames)
-    assert [f["data-label"] for f in frames] == [f"temperature = {t:g}, head = {h}" for t, h in pairs]
+    assert [f["data-label"] for f in frames] == [
+        f"temperature = {t:g}, head = {h}" for t, h in pairs
+    ]
     sliders = page.find("input", "afs-slider")
     assert [(s["data-param"], s["max"]) for s in sliders] == [("temperature", "2"), ("head", "1")]
     assert page.label_text == "temperature = 0.5, head = 0"
@@ -124,7 +126,9 @@ def test_fallback_is_self_contained_and_deterministic():
     w = torch.softmax(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)), -1)
 
     def draw(t):
-        return attention_heatmap(w ** (1 / t) / (w ** (1 / t)).sum(-1, keepdim=True), list("abcd"), list("abcd"))
+        return attention_heatmap(
+            w ** (1 / t) / (w ** (1 / t)).sum(-1, keepdim=True), list("abcd"), list("abcd")
+        )
 
     html1 = explore("temperature", [0.5, 1, 2], draw, dpi=DPI).to_html()
     html2 = explore("temperature", [0.5, 1, 2], draw, dpi=DPI).to_html()
@@ -133,7 +137,9 @@ def test_fallback_is_self_contained_and_deterministic():
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,X", html1)
     assert "http" not in text and "//" not in text.replace("://", "")
     assert "<script" not in text and "<link" not in text and " id=" not in text
-    assert "src=" in text and all(s == "data:image/png;base64,X" for s in re.findall(r'src="([^"]*)"', text))
+    assert "src=" in text and all(
+        s == "data:image/png;base64,X" for s in re.findall(r'src="([^"]*)"', text)
+    )
 
 
 def test_mimebundle_has_widget_view_html_and_plain():
@@ -178,7 +184,9 @@ def test_live_slider_move_redraws_with_the_new_value():
 
 def test_live_second_slider_redraws_with_both_values():
     draw = Recorder()
-    ex = explore("temperature", [0.5, 1.0], draw, name2="layer", values2=["enc0", "enc1", "enc2"], dpi=DPI)
+    ex = explore(
+        "temperature", [0.5, 1.0], draw, name2="layer", values2=["enc0", "enc1", "enc2"], dpi=DPI
+    )
     (s1, s2), label, image = _live_parts(ex)
     draw.calls.clear()
     s2.value = 2
@@ -208,7 +216,10 @@ def test_frame_budget_raises_before_drawing():
     draw = Recorder()
     with pytest.raises(ValueError, match=r"65 frames requested .*max_frames=64"):
         explore("i", range(65), draw)
-    with pytest.raises(ValueError, match=r"72 frames requested \(9 values of 'a' x 8 values of 'b'\).*max_frames=64"):
+    with pytest.raises(
+        ValueError,
+        match=r"72 frames requested \(9 values of 'a' x 8 values of 'b'\).*max_frames=64",
+    ):
         explore("a", range(9), draw, name2="b", values2=range(8))
     with pytest.raises(ValueError, match=r"4 frames requested .*max_frames=3"):
         explore("i", range(4), draw, max_frames=3)
@@ -216,7 +227,10 @@ def test_frame_budget_raises_before_drawing():
 
 
 def test_html_size_budget_raises_with_size():
-    with pytest.raises(ValueError, match=r"would be [\d,]+ bytes of HTML for 3 frames, over the budget max_html_bytes=1,000"):
+    with pytest.raises(
+        ValueError,
+        match=r"would be [\d,]+ bytes of HTML for 3 frames, over the budget max_html_bytes=1,000",
+    ):
         explore("i", range(3), Recorder(), dpi=DPI, max_html_bytes=1000)
 
 
@@ -257,17 +271,52 @@ def test_tensor_and_array_values_become_python_numbers():
         (("t", [1, 2, 1], Recorder()), {}, ValueError, r"distinct values for 't'.*\['1'\]"),
         (("", [1], Recorder()), {}, ValueError, r"name must be a non-empty str"),
         ((3, [1], Recorder()), {}, TypeError, r"name must be a non-empty str .*got int"),
-        (("t", [1], Recorder()), {"max_frames": 2.5}, TypeError, r"max_frames must be an int >= 1, got float"),
-        (("t", [1], Recorder()), {"max_html_bytes": True}, TypeError, r"max_html_bytes must be an int >= 1, got bool"),
-        (("t", [1], Recorder()), {"dpi": "72"}, TypeError, r"dpi must be a float in \[10, 300\], got str"),
+        (
+            ("t", [1], Recorder()),
+            {"max_frames": 2.5},
+            TypeError,
+            r"max_frames must be an int >= 1, got float",
+        ),
+        (
+            ("t", [1], Recorder()),
+            {"max_html_bytes": True},
+            TypeError,
+            r"max_html_bytes must be an int >= 1, got bool",
+        ),
+        (
+            ("t", [1], Recorder()),
+            {"dpi": "72"},
+            TypeError,
+            r"dpi must be a float in \[10, 300\], got str",
+        ),
         (("t", [1], "not callable"), {}, TypeError, r"draw must be callable, got str"),
         (("t", [1], Recorder()), {"name2": "u"}, ValueError, r"name2 and values2 go together"),
         (("t", [1], Recorder()), {"values2": [1]}, ValueError, r"name2 and values2 go together"),
-        (("t", [1], Recorder()), {"name2": "t", "values2": [1]}, ValueError, r"name2 must differ from name"),
+        (
+            ("t", [1], Recorder()),
+            {"name2": "t", "values2": [1]},
+            ValueError,
+            r"name2 must differ from name",
+        ),
         (("t", [1], Recorder()), {"max_frames": 0}, ValueError, r"max_frames must be an int >= 1"),
-        (("t", [1], Recorder()), {"dpi": 0}, ValueError, r"dpi must be a float in \[10, 300\], got 0"),
-        (("t", [1], lambda v: None), {}, TypeError, r"draw must return a matplotlib Figure \(or Axes\); draw\(1\) returned NoneType"),
-        (("t", torch.zeros(2, 2), Recorder()), {}, ValueError, r"values must be 1-D, got shape \(2, 2\)"),
+        (
+            ("t", [1], Recorder()),
+            {"dpi": 0},
+            ValueError,
+            r"dpi must be a float in \[10, 300\], got 0",
+        ),
+        (
+            ("t", [1], lambda v: None),
+            {},
+            TypeError,
+            r"draw must return a matplotlib Figure \(or Axes\); draw\(1\) returned NoneType",
+        ),
+        (
+            ("t", torch.zeros(2, 2), Recorder()),
+            {},
+            ValueError,
+            r"values must be 1-D, got shape \(2, 2\)",
+        ),
     ],
 )
 def test_explore_rejects_bad_input(args, kwargs, exc, pattern):
@@ -296,11 +345,13 @@ def test_start_opens_on_the_given_value_in_both_forms():
 
 
 def test_start2_and_the_row_major_frame():
-    ex = explore("a", [0, 1], Recorder(), name2="b", values2=["x", "y", "z"], dpi=DPI,
-                 start=1, start2="z")
+    ex = explore(
+        "a", [0, 1], Recorder(), name2="b", values2=["x", "y", "z"], dpi=DPI, start=1, start2="z"
+    )
     assert ex.start == (1, 2)
-    shown = [f for f in Tags(ex.to_html()).find("img", "afs-frame")
-             if "display:none" not in f["style"]]
+    shown = [
+        f for f in Tags(ex.to_html()).find("img", "afs-frame") if "display:none" not in f["style"]
+    ]
     assert [f["data-index"] for f in shown] == ["5"]  # 1 * 3 + 2
 
 
@@ -322,10 +373,21 @@ def test_slider_has_a_touch_sized_styled_track():
 
 
 def test_label_function_names_frames_as_the_prose_does():
-    ex = explore("layer_head", ["l1h1", "l1h2"], Recorder(), name2="string", values2=[0, 1],
-                 dpi=DPI, label=lambda lh, s: f"{lh}, string {s}")
-    assert ex.frame_labels == ["l1h1, string 0", "l1h1, string 1",
-                               "l1h2, string 0", "l1h2, string 1"]
+    ex = explore(
+        "layer_head",
+        ["l1h1", "l1h2"],
+        Recorder(),
+        name2="string",
+        values2=[0, 1],
+        dpi=DPI,
+        label=lambda lh, s: f"{lh}, string {s}",
+    )
+    assert ex.frame_labels == [
+        "l1h1, string 0",
+        "l1h1, string 1",
+        "l1h2, string 0",
+        "l1h2, string 1",
+    ]
     assert Tags(ex.to_html()).label_text == "l1h1, string 0"
 
 
@@ -347,10 +409,18 @@ def test_colorbar_is_added_to_every_frame():
 @pytest.mark.parametrize(
     ("kwargs", "error", "pattern"),
     [
-        ({"start": 5}, ValueError, r"start must be one of the values of 'n' \['0', '1', '2'\], got 5"),
+        (
+            {"start": 5},
+            ValueError,
+            r"start must be one of the values of 'n' \['0', '1', '2'\], got 5",
+        ),
         ({"start2": 0}, ValueError, r"start2 needs a second slider"),
         ({"label": "x"}, TypeError, r"label must be callable"),
-        ({"label": lambda v: None}, TypeError, r"label must return a non-empty str; label\(0\) returned None"),
+        (
+            {"label": lambda v: None},
+            TypeError,
+            r"label must return a non-empty str; label\(0\) returned None",
+        ),
         ({"colorbar": 1}, TypeError, r"colorbar must be a str"),
     ],
 )

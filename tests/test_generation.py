@@ -47,8 +47,14 @@ def test_zero_new_tokens_returns_the_prompt(lm: CausalLM) -> None:
     assert torch.equal(generate(lm, prompt(), 0), prompt())
 
 
-def manual_sample(lm: CausalLM, p: torch.Tensor, n: int, temperature: float, top_k: int | None,
-                  generator: torch.Generator) -> torch.Tensor:
+def manual_sample(
+    lm: CausalLM,
+    p: torch.Tensor,
+    n: int,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """The sampling recipe written out, rerunning the full sequence every step."""
     out = p
     with torch.no_grad():
@@ -63,12 +69,20 @@ def manual_sample(lm: CausalLM, p: torch.Tensor, n: int, temperature: float, top
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, 3), (2.0, 1), (1.0, V)])
-def test_sampling_follows_temperature_and_top_k(lm: CausalLM, temperature: float,
-                                                top_k: int | None) -> None:
+def test_sampling_follows_temperature_and_top_k(
+    lm: CausalLM, temperature: float, top_k: int | None
+) -> None:
     lm.eval()
     p = prompt()
-    out = generate(lm, p, 20, do_sample=True, temperature=temperature, top_k=top_k,
-                   generator=torch.Generator().manual_seed(5))
+    out = generate(
+        lm,
+        p,
+        20,
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        generator=torch.Generator().manual_seed(5),
+    )
     expected = manual_sample(lm, p, 20, temperature, top_k, torch.Generator().manual_seed(5))
     assert torch.equal(out, expected)
     if top_k == 1:  # only the arg-max survives: greedy
@@ -82,8 +96,9 @@ def test_sampling_draws_from_the_top_k_only(lm: CausalLM) -> None:
     with torch.no_grad():
         top2 = lm(p)[:, -1].topk(2).indices  # (B, 2)
     assert (out[:, 1:] == top2).any(-1).all()
-    wide = generate(lm, p, 1, do_sample=True, temperature=50.0,
-                    generator=torch.Generator().manual_seed(0))
+    wide = generate(
+        lm, p, 1, do_sample=True, temperature=50.0, generator=torch.Generator().manual_seed(0)
+    )
     assert not (wide[:, 1:] == top2).any(-1).all()  # a flat softmax goes elsewhere too
 
 

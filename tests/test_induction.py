@@ -18,8 +18,9 @@ def seeded(seed: int) -> torch.Generator:
 
 
 def test_sequences_repeat_a_pattern_of_distinct_tokens() -> None:
-    x, y, periods = make_induction_data(200, 20, 12, min_period=3, max_period=8,
-                                        generator=seeded(0))
+    x, y, periods = make_induction_data(
+        200, 20, 12, min_period=3, max_period=8, generator=seeded(0)
+    )
     assert x.shape == y.shape == (200, 20) and periods.shape == (200,)
     assert x.dtype == y.dtype == periods.dtype == torch.int64
     assert torch.equal(y[:, :-1], x[:, 1:])  # targets are the next tokens
@@ -43,8 +44,7 @@ def test_default_max_period_shows_every_pattern_twice() -> None:
 
 def test_predictable_positions_start_one_period_in() -> None:
     mask = predictable_positions(torch.tensor([2, 4]), 5)
-    assert mask.tolist() == [[False, False, True, True, True],
-                             [False, False, False, False, True]]
+    assert mask.tolist() == [[False, False, True, True, True], [False, False, False, False, True]]
 
 
 class Oracle(torch.nn.Module):

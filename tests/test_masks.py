@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from attention_lib import as_keep_mask, causal_mask, masked_softmax, padding_mask
 
 
-
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (4, 4), (3, 6), (6, 3), (0, 2), (2, 0)])
 def test_causal_mask_matches_torch_is_causal(q_len: int, k_len: int) -> None:
     mask = causal_mask(q_len, k_len)
@@ -49,9 +48,7 @@ def test_causal_mask_bad_input(args: tuple, exc: type, match: str) -> None:
 def test_padding_mask_values_and_shape() -> None:
     mask = padding_mask(torch.tensor([1, 3, 0]), max_len=4)
     assert mask.dtype == torch.bool and mask.shape == (3, 1, 1, 4)
-    expected = torch.tensor(
-        [[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], dtype=torch.bool
-    )
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], dtype=torch.bool)
     assert torch.equal(mask[:, 0, 0], expected)
     # default max_len = longest, and a list works too
     assert padding_mask([2, 5]).shape == (2, 1, 1, 5)
@@ -62,9 +59,19 @@ def test_padding_mask_values_and_shape() -> None:
 @pytest.mark.parametrize(
     "lengths,max_len,exc,match",
     [
-        (torch.tensor([1.0, 2.0]), None, TypeError, "lengths must be an integer tensor, got dtype torch.float32"),
+        (
+            torch.tensor([1.0, 2.0]),
+            None,
+            TypeError,
+            "lengths must be an integer tensor, got dtype torch.float32",
+        ),
         ([1, 2.5], None, TypeError, "lengths must be a 1-D integer tensor or a sequence of ints"),
-        (torch.tensor([[1, 2]]), None, ValueError, r"lengths must be 1-D \(B,\), got shape \(1, 2\)"),
+        (
+            torch.tensor([[1, 2]]),
+            None,
+            ValueError,
+            r"lengths must be 1-D \(B,\), got shape \(1, 2\)",
+        ),
         (torch.tensor([1, -2]), None, ValueError, "lengths must be >= 0"),
         (torch.tensor([1, 5]), 3, ValueError, "lengths must be <= max_len=3"),
         (torch.tensor([1, 2]), 2.0, TypeError, "max_len must be an int"),

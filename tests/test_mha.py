@@ -8,7 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attention_lib import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from attention_lib import (
+    MultiHeadAttention,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
 
 
 D_MODEL, HEADS = 16, 4
@@ -66,7 +71,9 @@ def torch_masks(kind, batch, q_len, k_len, seed=2):
         return per_head, {"attn_mask": ~per_head.reshape(batch * HEADS, q_len, k_len)}
     if kind == "batch_1":
         ours = per_head[:, :1]  # (B, 1, Lq, Lk)
-        return ours, {"attn_mask": ~ours.expand(-1, HEADS, -1, -1).reshape(batch * HEADS, q_len, k_len)}
+        return ours, {
+            "attn_mask": ~ours.expand(-1, HEADS, -1, -1).reshape(batch * HEADS, q_len, k_len)
+        }
     if kind == "float01":
         return attn_keep.float(), {"attn_mask": ~attn_keep}
     raise AssertionError(kind)
@@ -204,7 +211,9 @@ def test_dropout_only_in_train_mode(backend) -> None:
 
 
 @settings(max_examples=15, deadline=None)
-@given(seq_len=st.integers(2, 8), seed=st.integers(0, 2**16), backend=st.sampled_from(["lib", "torch"]))
+@given(
+    seq_len=st.integers(2, 8), seed=st.integers(0, 2**16), backend=st.sampled_from(["lib", "torch"])
+)
 def test_self_attention_permutation_equivariant(seq_len: int, seed: int, backend: str) -> None:
     torch.manual_seed(seed)
     mha = MultiHeadAttention(D_MODEL, HEADS, backend=backend, dtype=torch.float64).eval()
@@ -252,7 +261,9 @@ def test_dtypes_and_devices(dtype, device, backend) -> None:
     expected, _ = ref(q, k, v, **torch_kwargs)
     ours = ours64.to(device=device, dtype=dtype)
     ours.backend = backend
-    out, w = ours(*(t.to(device=device, dtype=dtype) for t in (q, k, v)), mask.to(device), need_weights=True)
+    out, w = ours(
+        *(t.to(device=device, dtype=dtype) for t in (q, k, v)), mask.to(device), need_weights=True
+    )
     assert out.dtype == w.dtype == dtype and out.device.type == device
     out_fast = ours(*(t.to(device=device, dtype=dtype) for t in (q, k, v)), mask.to(device))
     tol = 5e-2 if dtype == torch.bfloat16 else TOL[dtype] * 10
@@ -267,17 +278,49 @@ Y = torch.randn(2, 6, D_MODEL)
 @pytest.mark.parametrize(
     "kwargs,exc,match",
     [
-        ({"d_model": 10, "num_heads": 4}, ValueError, r"d_model must be divisible by num_heads, got d_model=10 and num_heads=4"),
+        (
+            {"d_model": 10, "num_heads": 4},
+            ValueError,
+            r"d_model must be divisible by num_heads, got d_model=10 and num_heads=4",
+        ),
         ({"d_model": 16.0, "num_heads": 4}, TypeError, r"d_model must be an int >= 1, got float"),
         ({"d_model": 16, "num_heads": 0}, ValueError, r"num_heads must be an int >= 1, got 0"),
-        ({"d_model": 16, "num_heads": 4, "dropout": 1.0}, ValueError, r"dropout must be a float in \[0, 1\), got 1.0"),
-        ({"d_model": 16, "num_heads": 4, "dropout": "0"}, TypeError, r"dropout must be a float in \[0, 1\), got str"),
+        (
+            {"d_model": 16, "num_heads": 4, "dropout": 1.0},
+            ValueError,
+            r"dropout must be a float in \[0, 1\), got 1.0",
+        ),
+        (
+            {"d_model": 16, "num_heads": 4, "dropout": "0"},
+            TypeError,
+            r"dropout must be a float in \[0, 1\), got str",
+        ),
         ({"d_model": 16, "num_heads": 4, "bias": 1}, TypeError, r"bias must be a bool, got int"),
-        ({"d_model": 16, "num_heads": 4, "backend": "flash"}, ValueError, r"backend must be one of 'lib', 'torch', 'tiled', got 'flash'"),
-        ({"d_model": 16, "num_heads": 4, "backend": None}, TypeError, r"backend must be a str, got NoneType"),
-        ({"d_model": 16, "num_heads": 4, "block_size": 8}, ValueError, r"block_size is an option of backend='tiled', got backend='lib'"),
-        ({"d_model": 16, "num_heads": 4, "backend": "tiled", "block_size": 0}, ValueError, r"block_size must be an int >= 1, got 0"),
-        ({"d_model": 16, "num_heads": 4, "backend": "tiled", "block_size": 2.0}, TypeError, r"block_size must be an int >= 1 or a tuple"),
+        (
+            {"d_model": 16, "num_heads": 4, "backend": "flash"},
+            ValueError,
+            r"backend must be one of 'lib', 'torch', 'tiled', got 'flash'",
+        ),
+        (
+            {"d_model": 16, "num_heads": 4, "backend": None},
+            TypeError,
+            r"backend must be a str, got NoneType",
+        ),
+        (
+            {"d_model": 16, "num_heads": 4, "block_size": 8},
+            ValueError,
+            r"block_size is an option of backend='tiled', got backend='lib'",
+        ),
+        (
+            {"d_model": 16, "num_heads": 4, "backend": "tiled", "block_size": 0},
+            ValueError,
+            r"block_size must be an int >= 1, got 0",
+        ),
+        (
+            {"d_model": 16, "num_heads": 4, "backend": "tiled", "block_size": 2.0},
+            TypeError,
+            r"block_size must be an int >= 1 or a tuple",
+        ),
     ],
 )
 def test_bad_constructor_args(kwargs, exc, match) -> None:
@@ -292,19 +335,64 @@ MHA = MultiHeadAttention(D_MODEL, HEADS)
     "args,kwargs,exc,match",
     [
         ((X[0], X[0], X[0]), {}, ValueError, r"query must have at least 3 dims"),
-        ((X, Y[..., :8], Y), {}, ValueError, r"key must have shape \(B, L, d_model\) = \(B, L, 16\), got \(2, 6, 8\)"),
+        (
+            (X, Y[..., :8], Y),
+            {},
+            ValueError,
+            r"key must have shape \(B, L, d_model\) = \(B, L, 16\), got \(2, 6, 8\)",
+        ),
         ((X, Y, Y[:1]), {}, ValueError, r"same batch size B .* value \(1, 6, 16\)"),
-        ((X, Y, Y[:, :4]), {}, ValueError, r"key and value must have the same length Lk \(dim 1\), got key \(2, 6, 16\) and value \(2, 4, 16\)"),
-        ((X.long(), Y, Y), {}, TypeError, r"query must be a floating-point tensor .* got dtype torch.int64"),
-        ((X.double(), Y.double(), Y.double()), {}, TypeError, r"query must have the module's dtype torch.float32, got torch.float64"),
-        ((X, Y, Y, torch.ones(2, 5, 6, dtype=torch.bool)), {}, ValueError, r"mask must have shape \(Lq, Lk\), .* got \(2, 5, 6\)"),
-        ((X, Y, Y, torch.ones(3, 1, 5, 6, dtype=torch.bool)), {}, ValueError, r"mask of shape \(3, 1, 5, 6\) does not broadcast to .* \(2, 4, 5, 6\)"),
-        ((X, Y, Y, torch.ones(5, 5, dtype=torch.bool)), {}, ValueError, r"mask of shape \(5, 5\) does not broadcast to .* \(2, 4, 5, 6\)"),
+        (
+            (X, Y, Y[:, :4]),
+            {},
+            ValueError,
+            r"key and value must have the same length Lk \(dim 1\), got key \(2, 6, 16\) and value \(2, 4, 16\)",
+        ),
+        (
+            (X.long(), Y, Y),
+            {},
+            TypeError,
+            r"query must be a floating-point tensor .* got dtype torch.int64",
+        ),
+        (
+            (X.double(), Y.double(), Y.double()),
+            {},
+            TypeError,
+            r"query must have the module's dtype torch.float32, got torch.float64",
+        ),
+        (
+            (X, Y, Y, torch.ones(2, 5, 6, dtype=torch.bool)),
+            {},
+            ValueError,
+            r"mask must have shape \(Lq, Lk\), .* got \(2, 5, 6\)",
+        ),
+        (
+            (X, Y, Y, torch.ones(3, 1, 5, 6, dtype=torch.bool)),
+            {},
+            ValueError,
+            r"mask of shape \(3, 1, 5, 6\) does not broadcast to .* \(2, 4, 5, 6\)",
+        ),
+        (
+            (X, Y, Y, torch.ones(5, 5, dtype=torch.bool)),
+            {},
+            ValueError,
+            r"mask of shape \(5, 5\) does not broadcast to .* \(2, 4, 5, 6\)",
+        ),
         ((X, Y, Y, torch.full((5, 6), float("-inf"))), {}, ValueError, r"additive bias"),
         ((X, Y, Y), {"is_causal": 1}, TypeError, r"is_causal must be a bool, got int"),
-        ((X, Y, Y), {"need_weights": None}, TypeError, r"need_weights must be a bool, got NoneType"),
+        (
+            (X, Y, Y),
+            {"need_weights": None},
+            TypeError,
+            r"need_weights must be a bool, got NoneType",
+        ),
         ((X, Y, Y, torch.ones(5, 6, requires_grad=True)), {}, ValueError, r"mask requires grad"),
-        ((X, Y, Y), {"kv_cache": {}}, TypeError, r"kv_cache must be a LayerKVCache or None, got dict"),
+        (
+            (X, Y, Y),
+            {"kv_cache": {}},
+            TypeError,
+            r"kv_cache must be a LayerKVCache or None, got dict",
+        ),
     ],
 )
 @pytest.mark.parametrize("backend", ["lib", "torch"])
@@ -326,9 +414,21 @@ def test_mismatched_devices() -> None:
     [
         (nn.Linear(4, 4), TypeError, r"module must be a torch.nn.MultiheadAttention, got Linear"),
         (nn.MultiheadAttention(16, 4), ValueError, r"batch_first=True .* got batch_first=False"),
-        (nn.MultiheadAttention(16, 4, batch_first=True, kdim=8, vdim=8), ValueError, r"kdim == vdim == embed_dim=16, got kdim=8 and vdim=8"),
-        (nn.MultiheadAttention(16, 4, batch_first=True, add_bias_kv=True), ValueError, r"add_bias_kv=False, got add_bias_kv=True"),
-        (nn.MultiheadAttention(16, 4, batch_first=True, add_zero_attn=True), ValueError, r"add_zero_attn=False, got add_zero_attn=True"),
+        (
+            nn.MultiheadAttention(16, 4, batch_first=True, kdim=8, vdim=8),
+            ValueError,
+            r"kdim == vdim == embed_dim=16, got kdim=8 and vdim=8",
+        ),
+        (
+            nn.MultiheadAttention(16, 4, batch_first=True, add_bias_kv=True),
+            ValueError,
+            r"add_bias_kv=False, got add_bias_kv=True",
+        ),
+        (
+            nn.MultiheadAttention(16, 4, batch_first=True, add_zero_attn=True),
+            ValueError,
+            r"add_zero_attn=False, got add_zero_attn=True",
+        ),
     ],
 )
 def test_from_torch_rejects(module, exc, match) -> None:
@@ -348,7 +448,9 @@ def test_backend_is_checked_when_assigned() -> None:
     mha = MultiHeadAttention(D_MODEL, HEADS)
     mha.backend = "torch"
     assert mha.backend == "torch"
-    with pytest.raises(ValueError, match=r"backend must be one of 'lib', 'torch', 'tiled', got 'nope'"):
+    with pytest.raises(
+        ValueError, match=r"backend must be one of 'lib', 'torch', 'tiled', got 'nope'"
+    ):
         mha.backend = "nope"
     assert mha.backend == "torch"
 
@@ -366,8 +468,9 @@ def test_tiled_backend_block_size_reaches_tiled_attention(block_size, monkeypatc
 
     monkeypatch.setitem(backends.BACKENDS, "tiled", spy)
     _, lib = torch_and_ours(torch.float64)
-    tiled = MultiHeadAttention(D_MODEL, HEADS, backend="tiled", block_size=block_size,
-                               dtype=torch.float64).eval()
+    tiled = MultiHeadAttention(
+        D_MODEL, HEADS, backend="tiled", block_size=block_size, dtype=torch.float64
+    ).eval()
     tiled.load_state_dict(lib.state_dict())
     q, k, v = random_inputs("cross", torch.float64)
     out = tiled(q, k, v, is_causal=True)
@@ -375,7 +478,9 @@ def test_tiled_backend_block_size_reaches_tiled_attention(block_size, monkeypatc
     assert seen == [expected_block] and tiled.block_size == expected_block
     torch.testing.assert_close(out, lib(q, k, v, is_causal=True), atol=1e-10, rtol=0)
     # without block_size the backend keeps its own default
-    MultiHeadAttention(D_MODEL, HEADS, backend="tiled").eval()(*random_inputs("self", torch.float32))
+    MultiHeadAttention(D_MODEL, HEADS, backend="tiled").eval()(
+        *random_inputs("self", torch.float32)
+    )
     assert seen[-1] is None
 
 

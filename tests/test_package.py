@@ -195,3 +195,36 @@ def test_claim_parser_reads_lists_of_chapters():
     doc = "Intro.\n\nExplained in chapter 4, *The sum*; the masks in chapter 5\nand chapters 2 and 3.\n\nArgs: chapter 9"
     assert _claimed_chapters(doc) == {2, 3, 4, 5}
 
+
+def test_library_and_tests_are_ruff_formatted():
+    # Settings in pyproject.toml's [tool.ruff]; pre-commit runs the same formatter.
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "attention_lib", "tests"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, (
+        "run `.venv/bin/ruff format attention_lib tests`:\n" + result.stdout + result.stderr
+    )
+    assert "already formatted" in result.stdout  # ruff looked at the files
+
+
+def test_only_the_package_has_an_all_list():
+    # One list of public names: attention_lib.__all__. Module-level lists drifted
+    # away from it before.
+    modules = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"]
+    with_all = sorted(
+        str(p.relative_to(ROOT))
+        for p in modules
+        if any(
+            isinstance(node, (ast.Assign, ast.AnnAssign))
+            and "__all__"
+            in ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+            for node in ast.parse(p.read_text(encoding="utf-8")).body
+        )
+    )
+    assert with_all == []
+    exported = attention_lib.__all__
+    assert len(exported) == len(set(exported))
+    assert all(hasattr(attention_lib, name) for name in exported)

@@ -38,8 +38,13 @@ def steps(job: str) -> list[dict]:
 
 
 def test_actionlint_passes() -> None:
-    done = subprocess.run([actionlint(), "-no-color", str(WORKFLOW.relative_to(ROOT))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [actionlint(), "-no-color", str(WORKFLOW.relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, f"actionlint:\n{done.stdout}{done.stderr}"
 
 
@@ -48,8 +53,13 @@ def test_actionlint_catches_a_broken_workflow(tmp_path: Path) -> None:
     broken = WORKFLOW.read_text().replace("needs: build", "needs: biuld")
     (tmp_path / ".github" / "workflows").mkdir(parents=True)
     (tmp_path / ".github" / "workflows" / "pages.yml").write_text(broken)
-    done = subprocess.run([actionlint(), "-no-color", ".github/workflows/pages.yml"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [actionlint(), "-no-color", ".github/workflows/pages.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0 and "biuld" in done.stdout, done.stdout
 
 
@@ -61,7 +71,9 @@ def test_builds_with_the_readme_command_and_publishes_its_output() -> None:
     assert command.group(1) in runs, f"the workflow does not run `{command.group(1)}`: {runs}"
     makefile = (ROOT / "Makefile").read_text()
     assert "jupyter-book build ." in makefile and "_build/html" in makefile
-    upload = [s for s in steps("build") if s.get("uses", "").startswith("actions/upload-pages-artifact@")]
+    upload = [
+        s for s in steps("build") if s.get("uses", "").startswith("actions/upload-pages-artifact@")
+    ]
     assert len(upload) == 1 and upload[0]["with"]["path"] == "_build/html", upload
 
 

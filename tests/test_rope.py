@@ -28,7 +28,9 @@ def hf_rope(q, k, position_ids, base):
     """🤗's rotation of q and k (B, H, L, d) at position_ids (B, L)."""
     d_head = q.shape[-1]
     config = LlamaConfig(
-        hidden_size=2 * d_head, num_attention_heads=2, head_dim=d_head,
+        hidden_size=2 * d_head,
+        num_attention_heads=2,
+        head_dim=d_head,
         rope_parameters={"rope_type": "default", "rope_theta": base},
     )
     cos, sin = LlamaRotaryEmbedding(config)(q, position_ids)  # (B, L, d) each
@@ -63,14 +65,18 @@ def test_float64_is_exact_to_float64_precision():
     omega = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
     angle = torch.arange(100, dtype=torch.float64)[:, None] * omega  # (L, d/2)
     x1, x2 = x[..., :16], x[..., 16:]
-    expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], -1)
+    expected = torch.cat(
+        [x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], -1
+    )
     torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(rope_frequencies(32), omega, atol=1e-15, rtol=0)
 
 
 @settings(max_examples=30, deadline=None)
 @given(
-    m=st.integers(0, 2000), n=st.integers(0, 2000), shift=st.integers(-500, 500),
+    m=st.integers(0, 2000),
+    n=st.integers(0, 2000),
+    shift=st.integers(-500, 500),
     interleaved=st.booleans(),
 )
 def test_scores_depend_only_on_relative_position(m, n, shift, interleaved):
@@ -110,7 +116,9 @@ def test_clock_hands_of_chapter_7():
     unit = torch.tensor([1.0, 0.0]).repeat(d // 2)  # (d,)
     hands = apply_rope(unit.expand(64, d), interleaved=True)  # (L, d)
     swap = torch.arange(d).view(-1, 2).flip(-1).flatten()  # [1, 0, 3, 2, ...]
-    torch.testing.assert_close(hands, sinusoidal_positional_encoding(64, d)[:, swap], atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        hands, sinusoidal_positional_encoding(64, d)[:, swap], atol=1e-6, rtol=0
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -140,7 +148,11 @@ def test_gradient_flows():
         (lambda: apply_rope(torch.ones(3, 4), torch.ones(3)), TypeError, "integer tensor"),
         (lambda: apply_rope(torch.ones(3, 4), [0, 1, 2]), TypeError, "positions must be"),
         (lambda: apply_rope(torch.ones(3, 4), torch.arange(4)), ValueError, "broadcast"),
-        (lambda: apply_rope(torch.ones(2, 3, 4), torch.arange(3)[None, None]), ValueError, "broadcast"),
+        (
+            lambda: apply_rope(torch.ones(2, 3, 4), torch.arange(3)[None, None]),
+            ValueError,
+            "broadcast",
+        ),
         (lambda: apply_rope(torch.ones(3, 4), base=1.0), ValueError, "base"),
         (lambda: apply_rope(torch.ones(3, 4), base="10000"), TypeError, "base"),
         (lambda: apply_rope(torch.ones(3, 4), base=True), TypeError, "base"),

@@ -31,7 +31,9 @@ def reference(q, k, v, keep=None, scale=None):
     if keep is None:
         keep = torch.ones(scores.shape, dtype=torch.bool, device=q.device)
     keep = keep.expand(scores.shape)
-    row_max = torch.where(keep, scores, torch.full_like(scores, -1e300 if q.dtype == torch.float64 else -3e38))
+    row_max = torch.where(
+        keep, scores, torch.full_like(scores, -1e300 if q.dtype == torch.float64 else -3e38)
+    )
     row_max = row_max.amax(-1, keepdim=True)
     e = torch.exp(scores - row_max) * keep
     denom = e.sum(-1, keepdim=True)
@@ -111,9 +113,7 @@ def test_properties(case) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    lq=st.integers(1, 6), lk=st.integers(1, 6), seed=st.integers(0, 2**16)
-)
+@given(lq=st.integers(1, 6), lk=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_permutation_equivariance(lq: int, lk: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(2, lq, 4, generator=g, dtype=torch.float64)
@@ -211,7 +211,9 @@ def test_gradcheck_fp64() -> None:
     q = torch.randn(1, 3, 3, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 4, 2, dtype=torch.float64, requires_grad=True)
-    mask = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=torch.bool)  # row 1 fully masked
+    mask = torch.tensor(
+        [[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=torch.bool
+    )  # row 1 fully masked
 
     def fn(q, k, v):
         return scaled_dot_product_attention(q, k, v, mask, is_causal=True, scale=0.4)
@@ -243,32 +245,112 @@ V = torch.randn(2, 6, 3)
 @pytest.mark.parametrize(
     "args,kwargs,exc,match",
     [
-        ((Q.long(), K, V), {}, TypeError, r"query must be a floating-point tensor .* got dtype torch.int64"),
-        ((Q, K.int(), V), {}, TypeError, r"key must be a floating-point tensor .* got dtype torch.int32"),
+        (
+            (Q.long(), K, V),
+            {},
+            TypeError,
+            r"query must be a floating-point tensor .* got dtype torch.int64",
+        ),
+        (
+            (Q, K.int(), V),
+            {},
+            TypeError,
+            r"key must be a floating-point tensor .* got dtype torch.int32",
+        ),
         ((Q, K, V.bool()), {}, TypeError, r"value must be a floating-point tensor"),
         (([1.0], K, V), {}, TypeError, r"query must be a torch.Tensor, got list"),
         ((Q, K, V.double()), {}, TypeError, r"share one dtype"),
-        ((Q, torch.randn(2, 6, 5), V), {}, ValueError, r"same last dim d_k.*\(2, 5, 4\).*\(2, 6, 5\)"),
+        (
+            (Q, torch.randn(2, 6, 5), V),
+            {},
+            ValueError,
+            r"same last dim d_k.*\(2, 5, 4\).*\(2, 6, 5\)",
+        ),
         ((Q, K, torch.randn(2, 7, 3)), {}, ValueError, r"same length Lk.*\(2, 6, 4\).*\(2, 7, 3\)"),
-        ((Q, torch.randn(3, 6, 4), torch.randn(3, 6, 3)), {}, ValueError, r"leading \(batch/head\) dims .* broadcast"),
-        ((Q, K, V, torch.ones(5, 7, dtype=torch.bool)), {}, ValueError, r"mask of shape \(5, 7\) does not broadcast to .* \(2, 5, 6\)"),
-        ((Q, K, V, torch.ones(3, 5, 6, dtype=torch.bool)), {}, ValueError, r"mask of shape \(3, 5, 6\) does not broadcast to .* \(2, 5, 6\)"),
-        ((Q, K, V, torch.full((5, 6), float("-inf"))), {}, ValueError, r"0/1 values .* additive bias"),
-        ((Q, K, V, torch.full((5, 6), 2)), {}, ValueError, r"mask is a keep-mask: expected bool .* got dtype torch.int64"),
+        (
+            (Q, torch.randn(3, 6, 4), torch.randn(3, 6, 3)),
+            {},
+            ValueError,
+            r"leading \(batch/head\) dims .* broadcast",
+        ),
+        (
+            (Q, K, V, torch.ones(5, 7, dtype=torch.bool)),
+            {},
+            ValueError,
+            r"mask of shape \(5, 7\) does not broadcast to .* \(2, 5, 6\)",
+        ),
+        (
+            (Q, K, V, torch.ones(3, 5, 6, dtype=torch.bool)),
+            {},
+            ValueError,
+            r"mask of shape \(3, 5, 6\) does not broadcast to .* \(2, 5, 6\)",
+        ),
+        (
+            (Q, K, V, torch.full((5, 6), float("-inf"))),
+            {},
+            ValueError,
+            r"0/1 values .* additive bias",
+        ),
+        (
+            (Q, K, V, torch.full((5, 6), 2)),
+            {},
+            ValueError,
+            r"mask is a keep-mask: expected bool .* got dtype torch.int64",
+        ),
         ((Q, K, V, [[True]]), {}, TypeError, r"mask must be a torch.Tensor"),
-        ((Q, K, V, torch.ones(5, 6, dtype=torch.complex64)), {}, TypeError, r"mask must be a bool keep-mask .* torch.complex64"),
-        ((Q, K, V), {"dropout_p": 1.0}, ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
-        ((Q, K, V), {"dropout_p": -0.1}, ValueError, r"dropout_p must be a float in \[0, 1\), got -0.1"),
-        ((Q, K, V), {"dropout_p": False}, TypeError, r"dropout_p must be a float in \[0, 1\), got bool False"),
+        (
+            (Q, K, V, torch.ones(5, 6, dtype=torch.complex64)),
+            {},
+            TypeError,
+            r"mask must be a bool keep-mask .* torch.complex64",
+        ),
+        (
+            (Q, K, V),
+            {"dropout_p": 1.0},
+            ValueError,
+            r"dropout_p must be a float in \[0, 1\), got 1.0",
+        ),
+        (
+            (Q, K, V),
+            {"dropout_p": -0.1},
+            ValueError,
+            r"dropout_p must be a float in \[0, 1\), got -0.1",
+        ),
+        (
+            (Q, K, V),
+            {"dropout_p": False},
+            TypeError,
+            r"dropout_p must be a float in \[0, 1\), got bool False",
+        ),
         ((Q, K, V), {"dropout_p": "0.1"}, TypeError, r"dropout_p must be .* got str '0.1'"),
         ((Q, K, V), {"scale": 0.0}, ValueError, r"scale must be a finite float > 0, got 0.0"),
-        ((Q, K, V), {"scale": float("inf")}, ValueError, r"scale must be a finite float > 0, got inf"),
+        (
+            (Q, K, V),
+            {"scale": float("inf")},
+            ValueError,
+            r"scale must be a finite float > 0, got inf",
+        ),
         ((Q, K, V), {"scale": True}, TypeError, r"scale must be a finite float > 0, got bool True"),
-        ((Q, K, V), {"scale": torch.tensor(0.5)}, TypeError, r"scale must be a finite float > 0, got Tensor"),
+        (
+            (Q, K, V),
+            {"scale": torch.tensor(0.5)},
+            TypeError,
+            r"scale must be a finite float > 0, got Tensor",
+        ),
         # defect 4: d_k = 0 used to raise ZeroDivisionError
-        ((Q[..., :0], K[..., :0], V), {}, ValueError, r"query and key must have d_k >= 1 .* got query \(2, 5, 0\)"),
+        (
+            (Q[..., :0], K[..., :0], V),
+            {},
+            ValueError,
+            r"query and key must have d_k >= 1 .* got query \(2, 5, 0\)",
+        ),
         # defect 5: a float mask that requires grad would silently get no gradient
-        ((Q, K, V, torch.ones(5, 6, requires_grad=True)), {}, ValueError, r"mask requires grad.*never gets a gradient"),
+        (
+            (Q, K, V, torch.ones(5, 6, requires_grad=True)),
+            {},
+            ValueError,
+            r"mask requires grad.*never gets a gradient",
+        ),
         ((Q, K, V), {"is_causal": "yes"}, TypeError, r"is_causal must be a bool, got str"),
         ((torch.randn(5), K, V), {}, ValueError, r"query must have at least 2 dims"),
     ],
@@ -282,7 +364,10 @@ def test_mismatched_devices() -> None:
     meta = torch.randn(2, 6, 4, device="meta")
     with pytest.raises(ValueError, match=r"same device, got cpu, meta and cpu"):
         scaled_dot_product_attention(Q, meta, V)
-    with pytest.raises(ValueError, match=r"mask must be on the same device as query/key/value \(cpu\), got mask on meta"):
+    with pytest.raises(
+        ValueError,
+        match=r"mask must be on the same device as query/key/value \(cpu\), got mask on meta",
+    ):
         scaled_dot_product_attention(Q, K, V, torch.ones(5, 6, dtype=torch.bool, device="meta"))
 
 

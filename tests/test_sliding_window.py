@@ -22,7 +22,10 @@ def hf_window_mask(q_len: int, k_len: int, window: int) -> torch.Tensor:
     """transformers' sliding-window keep-mask ``(Lq, Lk)``: ``kv_idx <= q_idx`` and
     ``kv_idx > q_idx - window``."""
     mask = sdpa_mask(
-        1, q_len, k_len, allow_is_causal_skip=False,
+        1,
+        q_len,
+        k_len,
+        allow_is_causal_skip=False,
         mask_function=sliding_window_causal_mask_function(window),
     )
     return mask[0, 0]
@@ -58,7 +61,8 @@ def test_tiled_window_gradients(window):
     grad_out = torch.randn(2, 29, 8, dtype=torch.float64)
     ours = torch.autograd.grad(
         tiled_attention(q, k, v, is_causal=True, window=window, block_size=(4, 5)),
-        (q, k, v), grad_out,
+        (q, k, v),
+        grad_out,
     )
     theirs = torch.autograd.grad(reference(q, k, v, window), (q, k, v), grad_out)
     for a, b in zip(ours, theirs):

@@ -181,7 +181,9 @@ def test_use_book_style_applies_to_plain_figures_and_book_style_is_scoped():
     with book_style():
         fig, _ = plt.subplots()
         assert fig.dpi == DPI
-    assert matplotlib.rcParams["figure.dpi"] != DPI or matplotlib.rcParamsDefault["figure.dpi"] == DPI
+    assert (
+        matplotlib.rcParams["figure.dpi"] != DPI or matplotlib.rcParamsDefault["figure.dpi"] == DPI
+    )
     use_book_style()
     fig, ax = plt.subplots()
     ax.set_title("t")

@@ -110,7 +110,9 @@ def test_ideal_attention_share_bad_input() -> None:
         ideal_attention_share(torch.rand(3, 4), ideal)
     with pytest.raises(ValueError, match=r"key_positions must lie in \[0, Lk=3\)"):
         ideal_attention_share(torch.rand(4, 3), ideal)
-    with pytest.raises(TypeError, match=r"key_positions must be an integer tensor \(Lq,\), got dtype torch.float32"):
+    with pytest.raises(
+        TypeError, match=r"key_positions must be an integer tensor \(Lq,\), got dtype torch.float32"
+    ):
         ideal_attention_share(torch.rand(4, 4), ideal.float())
     with pytest.raises(TypeError, match="weights must be a floating torch.Tensor"):
         ideal_attention_share(torch.ones(4, 4, dtype=torch.long), ideal)
@@ -149,7 +151,6 @@ def test_token_accuracy_counts_positions_and_restores_the_mode() -> None:
         token_accuracy(model, x, y[:, :4])
 
 
-
 def test_training_solves_a_tiny_task_deterministically() -> None:
     x, y = make_task_data("reverse", 512, 5, 4, generator=gen(4))
     x_test, y_test = make_task_data("reverse", 128, 5, 4, generator=gen(5))
@@ -158,8 +159,16 @@ def test_training_solves_a_tiny_task_deterministically() -> None:
         torch.manual_seed(0)
         model = TokenClassifier(4, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=5)
         history = train_token_classifier(
-            model, x, y, steps=steps, batch_size=32, lr=1e-2, generator=gen(6),
-            eval_data=(x_test, y_test), eval_every=50, log_every=25,
+            model,
+            x,
+            y,
+            steps=steps,
+            batch_size=32,
+            lr=1e-2,
+            generator=gen(6),
+            eval_data=(x_test, y_test),
+            eval_every=50,
+            log_every=25,
         )
         return model, history
 
@@ -194,6 +203,8 @@ def test_training_bad_input() -> None:
 def test_training_progress_bar_outside_a_notebook(capsys: pytest.CaptureFixture[str]) -> None:
     model = TokenClassifier(4, d_model=8, num_heads=2, max_len=5)
     x, y = make_task_data("reverse", 8, 5, 4, generator=gen(0))
-    history = train_token_classifier(model, x, y, steps=3, batch_size=4, generator=gen(0), progress=True)
+    history = train_token_classifier(
+        model, x, y, steps=3, batch_size=4, generator=gen(0), progress=True
+    )
     assert history.steps == [3]
     assert "training: 100%" in capsys.readouterr().err

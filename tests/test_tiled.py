@@ -30,16 +30,6 @@ from attention_lib.backends import BACKENDS
 from attention_lib.tiled import DEFAULT_BLOCK_SIZE
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The tensors here are small: intra-op threads only add synchronisation
-    overhead on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
@@ -81,11 +71,26 @@ def test_online_softmax_extreme_values_and_inf() -> None:
     "args,kwargs,exc,match",
     [
         (([1.0, 2.0],), {}, TypeError, r"x must be a floating-point torch.Tensor, got list"),
-        ((torch.arange(3),), {}, TypeError, r"x must be a floating-point torch.Tensor, got dtype torch.int64"),
+        (
+            (torch.arange(3),),
+            {},
+            TypeError,
+            r"x must be a floating-point torch.Tensor, got dtype torch.int64",
+        ),
         ((torch.tensor(1.0),), {}, ValueError, r"x must have at least 1 dim"),
         ((torch.randn(2, 3), 2), {}, ValueError, r"dim must be an int in \[-2, 1\], got 2"),
-        ((torch.randn(2, 3),), {"block_size": 0}, ValueError, r"block_size must be an int >= 1, got 0"),
-        ((torch.randn(2, 3),), {"block_size": 2.0}, TypeError, r"block_size must be an int >= 1, got float"),
+        (
+            (torch.randn(2, 3),),
+            {"block_size": 0},
+            ValueError,
+            r"block_size must be an int >= 1, got 0",
+        ),
+        (
+            (torch.randn(2, 3),),
+            {"block_size": 2.0},
+            TypeError,
+            r"block_size must be an int >= 1, got float",
+        ),
     ],
 )
 def test_online_softmax_bad_input(args, kwargs, exc, match) -> None:
@@ -117,7 +122,9 @@ def test_online_softmax_update_unseen_rows_stay_zero() -> None:
     """A row whose scores are all -inf so far: no NaN in the state, zero output."""
     scores = torch.tensor([[[float("-inf"), float("-inf")], [0.5, float("-inf")]]])  # (1, 2, 2)
     value = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
-    state = online_softmax_update(OnlineSoftmaxState.empty((1,), 2, 2, dtype=torch.float32), scores, value)
+    state = online_softmax_update(
+        OnlineSoftmaxState.empty((1,), 2, 2, dtype=torch.float32), scores, value
+    )
     assert not torch.isnan(state.row_sum).any() and not torch.isnan(state.acc).any()
     torch.testing.assert_close(state.output(), torch.tensor([[[0.0, 0.0], [1.0, 2.0]]]))
 
@@ -129,7 +136,9 @@ def test_online_softmax_update_bad_input() -> None:
         online_softmax_update(tuple(state), scores, value)
     with pytest.raises(TypeError, match=r"scores must be a floating-point tensor"):
         online_softmax_update(state, scores.long(), value)
-    with pytest.raises(ValueError, match=r"must fit together, .* scores \(2, 3, 6\), value \(2, 5, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"must fit together, .* scores \(2, 3, 6\), value \(2, 5, 4\)"
+    ):
         online_softmax_update(state, torch.randn(2, 3, 6), value)
     with pytest.raises(ValueError, match=r"must fit together, .* value \(2, 5, 7\)"):
         online_softmax_update(state, scores, torch.randn(2, 5, 7))
@@ -345,7 +354,9 @@ def test_low_precision_computed_in_float32(dtype) -> None:
     q, k, v = qkv((2, 2), 33, 33, 16, 8)
     out = tiled_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, block_size=8)
     assert out.dtype == dtype
-    expected = F.scaled_dot_product_attention(q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), is_causal=True)
+    expected = F.scaled_dot_product_attention(
+        q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), is_causal=True
+    )
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-3
     assert max_err(out.float(), expected) <= tol
 
@@ -362,7 +373,9 @@ def test_dropout() -> None:
     assert not torch.allclose(first, exact)
     # Dropout is unbiased: zeroed weights, survivors scaled by 1 / (1 - p).
     torch.manual_seed(1)
-    mean = torch.stack([tiled_attention(q, k, v, dropout_p=0.5, block_size=2) for _ in range(4000)]).mean(0)
+    mean = torch.stack(
+        [tiled_attention(q, k, v, dropout_p=0.5, block_size=2) for _ in range(4000)]
+    ).mean(0)
     torch.testing.assert_close(mean, exact, atol=0.05, rtol=0.05)
 
 
@@ -454,8 +467,12 @@ def test_gradients_through_broadcast_leading_dims() -> None:
     k = torch.randn(1, 1, 13, 6, generator=gen, dtype=torch.float64)
     v = torch.randn(4, 13, 5, generator=gen, dtype=torch.float64)
     grad_out = torch.randn(2, 4, 11, 5, generator=gen, dtype=torch.float64)
-    _, mine = grads(lambda *t: tiled_attention(*t, is_causal=True, block_size=4), (q, k, v), grad_out)
-    _, theirs = grads(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), (q, k, v), grad_out)
+    _, mine = grads(
+        lambda *t: tiled_attention(*t, is_causal=True, block_size=4), (q, k, v), grad_out
+    )
+    _, theirs = grads(
+        lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), (q, k, v), grad_out
+    )
     for a, b, t in zip(mine, theirs, (q, k, v)):
         assert a.shape == t.shape
         assert max_err(a, b) <= 1e-10
@@ -467,7 +484,9 @@ def test_gradients_through_broadcast_leading_dims() -> None:
 def test_low_precision_gradients_computed_in_float32(dtype) -> None:
     q, k, v = (t.to(dtype) for t in qkv((2, 2), 33, 40, 16, 8))
     grad_out = torch.randn(2, 2, 33, 8).to(dtype)
-    _, mine = grads(lambda *t: tiled_attention(*t, is_causal=True, block_size=8), (q, k, v), grad_out)
+    _, mine = grads(
+        lambda *t: tiled_attention(*t, is_causal=True, block_size=8), (q, k, v), grad_out
+    )
     # the reference: float32 SDPA on the same (rounded) numbers
     _, ref = grads(
         lambda *t: F.scaled_dot_product_attention(*(x.float() for x in t), is_causal=True),
@@ -482,8 +501,11 @@ def test_low_precision_gradients_computed_in_float32(dtype) -> None:
 
 def test_dropout_with_gradients_raises_and_says_why() -> None:
     q, k, v = qkv((2,), 6, 6, 4, 4, requires_grad=True)
-    with pytest.raises(ValueError, match=r"cannot apply dropout .* while computing gradients: .* "
-                       r"recomputes the attention weights tile by tile .* not stored"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot apply dropout .* while computing gradients: .* "
+        r"recomputes the attention weights tile by tile .* not stored",
+    ):
         tiled_attention(q, k, v, dropout_p=0.1)
     with torch.no_grad():  # without gradients, dropout is fine
         assert tiled_attention(q, k, v, dropout_p=0.1).shape == (2, 6, 4)
@@ -543,7 +565,9 @@ def test_backward_skips_causal_tiles_and_never_builds_scores(lq, lk, block) -> N
         out.backward(grad_out)
     assert len(recomputed) == len(set(recomputed)) == forward_tiles  # each tile once
     assert all(k_start < q_end for _, q_end, k_start, _ in recomputed)  # none above the diagonal
-    _, ref = grads(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), (q, k, v), grad_out)
+    _, ref = grads(
+        lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), (q, k, v), grad_out
+    )
     for a, b in zip((q.grad, k.grad, v.grad), ref):
         assert max_err(a, b) <= 1e-5
 
@@ -656,8 +680,16 @@ def test_bad_input_same_errors_as_core_sdpa(args, kwargs) -> None:
         (0, ValueError, r"block_size must be an int >= 1, got 0"),
         ((4, 0), ValueError, r"block_size\[1\] \(block_k\) must be an int >= 1, got 0"),
         ((-1, 4), ValueError, r"block_size\[0\] \(block_q\) must be an int >= 1, got -1"),
-        (2.5, TypeError, r"block_size must be an int >= 1 or a tuple \(block_q, block_k\) .* got float 2.5"),
-        ((4, 4, 4), TypeError, r"block_size must be an int >= 1 or a tuple .* got tuple \(4, 4, 4\)"),
+        (
+            2.5,
+            TypeError,
+            r"block_size must be an int >= 1 or a tuple \(block_q, block_k\) .* got float 2.5",
+        ),
+        (
+            (4, 4, 4),
+            TypeError,
+            r"block_size must be an int >= 1 or a tuple .* got tuple \(4, 4, 4\)",
+        ),
         ((4, 2.0), TypeError, r"block_size\[1\] \(block_k\) must be an int >= 1, got float 2.0"),
         (True, TypeError, r"block_size must be an int >= 1 or a tuple .* got bool True"),
         ([4, 4], TypeError, r"got list \[4, 4\]"),

@@ -76,7 +76,9 @@ def test_heatmap_without_tokens_uses_positions():
     assert _tick_texts(ax.get_yticklabels()) == ["0", "1", "2"]
 
 
-@pytest.mark.parametrize(("side", "annotate", "expected"), [(8, None, 64), (9, None, 0), (9, True, 81), (3, False, 0)])
+@pytest.mark.parametrize(
+    ("side", "annotate", "expected"), [(8, None, 64), (9, None, 0), (9, True, 81), (3, False, 0)]
+)
 def test_heatmap_annotations(side, annotate, expected):
     w = _weights(side, side)
     ax = attention_heatmap(w, annotate=annotate, colorbar=False)
@@ -111,22 +113,57 @@ def test_heatmap_custom_scale_for_scores():
 @pytest.mark.parametrize(
     ("weights", "kwargs", "exc", "pattern"),
     [
-        (_weights(2, 3, 3), {}, ValueError, r"weights must have shape \(Lq, Lk\), got 3-D shape \(2, 3, 3\).*attention_grid"),
+        (
+            _weights(2, 3, 3),
+            {},
+            ValueError,
+            r"weights must have shape \(Lq, Lk\), got 3-D shape \(2, 3, 3\).*attention_grid",
+        ),
         (_weights(4), {}, ValueError, r"got 1-D shape \(4,\)"),
         (torch.zeros(0, 3), {}, ValueError, r"must not be empty"),
         ([[0.5, 0.5]], {}, TypeError, r"torch.Tensor or numpy.ndarray.*got list"),
-        (_weights(2, 3), {"key_tokens": ["a", "b"]}, ValueError, r"key_tokens must have one label per key.*expected 3 labels, got 2"),
-        (_weights(2, 3), {"query_tokens": ["a"]}, ValueError, r"query_tokens .*expected 2 labels, got 1"),
-        (_weights(2, 2), {"query_tokens": "ab"}, TypeError, r"query_tokens must be a sequence.*got str"),
+        (
+            _weights(2, 3),
+            {"key_tokens": ["a", "b"]},
+            ValueError,
+            r"key_tokens must have one label per key.*expected 3 labels, got 2",
+        ),
+        (
+            _weights(2, 3),
+            {"query_tokens": ["a"]},
+            ValueError,
+            r"query_tokens .*expected 2 labels, got 1",
+        ),
+        (
+            _weights(2, 2),
+            {"query_tokens": "ab"},
+            TypeError,
+            r"query_tokens must be a sequence.*got str",
+        ),
         (_weights(2, 2), {"vmin": 1.0, "vmax": 0.0}, ValueError, r"vmin must be < vmax"),
         (torch.ones(2, 2, dtype=torch.complex64), {}, TypeError, r"real-valued"),
-        (_weights(2, 2), {"cmap": "no-such-map"}, ValueError, r"cmap must be a matplotlib colour map name, got 'no-such-map'"),
-        (_weights(2, 2), {"fmt": "%d"}, ValueError, r"fmt must be a float format spec such as '.2f', got '%d'"),
+        (
+            _weights(2, 2),
+            {"cmap": "no-such-map"},
+            ValueError,
+            r"cmap must be a matplotlib colour map name, got 'no-such-map'",
+        ),
+        (
+            _weights(2, 2),
+            {"fmt": "%d"},
+            ValueError,
+            r"fmt must be a float format spec such as '.2f', got '%d'",
+        ),
         # wrong type -> TypeError, wrong value -> ValueError
         (_weights(2, 2), {"cmap": 3}, TypeError, r"cmap must be a str, got int 3"),
         (_weights(2, 2), {"fmt": None}, TypeError, r"fmt must be a str, got NoneType"),
         (_weights(2, 2), {"vmin": "0"}, TypeError, r"vmin must be a finite float, got str '0'"),
-        (_weights(2, 2), {"vmax": float("nan")}, ValueError, r"vmax must be a finite float, got nan"),
+        (
+            _weights(2, 2),
+            {"vmax": float("nan")},
+            ValueError,
+            r"vmax must be a finite float, got nan",
+        ),
         (_weights(2, 2), {"annotate": 1}, TypeError, r"annotate must be a bool, got int 1"),
         (_weights(2, 2), {"colorbar": "yes"}, TypeError, r"colorbar must be a bool, got str"),
     ],
@@ -176,7 +213,11 @@ def test_grid_wraps_heads_and_hides_unused_cells():
     [
         (_weights(3, 3), {}, r"\(H, Lq, Lk\) or \(layers, H, Lq, Lk\), got 2-D"),
         (_weights(2, 3, 3), {"row_titles": ["x", "y"]}, r"row_titles needs 4-D weights"),
-        (_weights(2, 3, 3), {"col_titles": ["only one"]}, r"col_titles must have one title per head: expected 2, got 1"),
+        (
+            _weights(2, 3, 3),
+            {"col_titles": ["only one"]},
+            r"col_titles must have one title per head: expected 2, got 1",
+        ),
         (_weights(2, 2, 3, 3), {"row_titles": ["a"]}, r"row_titles .*expected 2, got 1"),
         (_weights(2, 3, 3), {"key_tokens": ["a"]}, r"key_tokens .*expected 3 labels, got 1"),
         (_weights(2, 3, 3), {"max_cols": 0}, r"max_cols must be an int >= 1"),

@@ -106,13 +106,12 @@ def _normalise_values(values: Any, arg: str, name: str) -> list[Any]:
         )
     if hasattr(values, "tolist") and not isinstance(values, Sequence):
         if getattr(values, "ndim", 1) != 1:
-            raise ValueError(
-                f"{arg} must be 1-D, got shape {tuple(getattr(values, 'shape', ()))}"
-            )
+            raise ValueError(f"{arg} must be 1-D, got shape {tuple(getattr(values, 'shape', ()))}")
         items = list(values.tolist())
     else:
-        items = [v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v
-                 for v in values]
+        items = [
+            v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v for v in values
+        ]
     if not items:
         raise ValueError(f"{arg} must contain at least one value for {name!r}, got none")
     labels = [_format_value(v) for v in items]
@@ -147,8 +146,7 @@ def _as_figure(obj: Any, call: str) -> Figure:
             obj = obj.get_figure()
     if not isinstance(obj, Figure):
         raise TypeError(
-            f"draw must return a matplotlib Figure (or Axes); {call} returned "
-            f"{type(obj).__name__}"
+            f"draw must return a matplotlib Figure (or Axes); {call} returned {type(obj).__name__}"
         )
     return obj
 
@@ -168,11 +166,13 @@ def _start_index(start: Any, values: list[Any], arg: str, name: str) -> int:
 
 def _add_colorbar(fig: Figure, label: str, call: str) -> None:
     """A colour bar for the first image (or colour-mapped collection) of ``fig``."""
-    mappables = [m for ax in fig.axes for m in [*ax.images, *ax.collections]
-                 if m.get_array() is not None]
+    mappables = [
+        m for ax in fig.axes for m in [*ax.images, *ax.collections] if m.get_array() is not None
+    ]
     if not mappables:
-        raise ValueError(f"colorbar={label!r} needs a colour-mapped image in the figure; "
-                         f"{call} drew none")
+        raise ValueError(
+            f"colorbar={label!r} needs a colour-mapped image in the figure; {call} drew none"
+        )
     fig.colorbar(mappables[0], ax=fig.axes, label=label, shrink=0.9)
 
 
@@ -202,8 +202,9 @@ def _palette_png(png: bytes) -> bytes:
         rgba = image.convert("RGBA")
     flat = Image.new("RGBA", rgba.size, "white")
     flat.alpha_composite(rgba)
-    palette = flat.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE,
-                                           dither=Image.Dither.NONE)
+    palette = flat.convert("RGB").quantize(
+        256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE
+    )
     out = io.BytesIO()
     palette.save(out, format="png", optimize=True, **({"dpi": dpi} if dpi else {}))
     return out.getvalue()
@@ -275,11 +276,14 @@ class SliderExplorer:
         if not callable(draw):
             raise TypeError(f"draw must be callable, got {type(draw).__name__}")
         if label is not None and not callable(label):
-            raise TypeError(f"label must be callable (values -> str) or None, got "
-                            f"{type(label).__name__}")
+            raise TypeError(
+                f"label must be callable (values -> str) or None, got {type(label).__name__}"
+            )
         if colorbar is not None and not isinstance(colorbar, str):
-            raise TypeError(f"colorbar must be a str (the colour bar's label) or None, got "
-                            f"{type(colorbar).__name__}")
+            raise TypeError(
+                f"colorbar must be a str (the colour bar's label) or None, got "
+                f"{type(colorbar).__name__}"
+            )
         if start2 is not None and name2 is None:
             raise ValueError("start2 needs a second slider (name2 and values2)")
         max_frames = check_int("max_frames", max_frames, minimum=1)
@@ -313,7 +317,8 @@ class SliderExplorer:
         self.frames: list[bytes] = [png for png, _ in rendered]
         # the smallest font (points) in any pre-rendered frame (attention_lib.show.style)
         self.smallest_font_pt: float | None = min(
-            (pt for _, pt in rendered if pt is not None), default=None)
+            (pt for _, pt in rendered if pt is not None), default=None
+        )
         self._html = self._build_html()
         size = len(self._html.encode("utf-8"))
         if size > max_html_bytes:
@@ -343,8 +348,10 @@ class SliderExplorer:
             return ", ".join(f"{nm} = {_format_value(v)}" for nm, v in zip(self.names, args))
         text = self._label_fn(*args)
         if not isinstance(text, str) or not text.strip():
-            raise TypeError(f"label must return a non-empty str; label"
-                            f"({', '.join(repr(a) for a in args)}) returned {text!r}")
+            raise TypeError(
+                f"label must return a non-empty str; label"
+                f"({', '.join(repr(a) for a in args)}) returned {text!r}"
+            )
         return text
 
     def _render(self, idx: tuple[int, ...], measure: bool = False) -> tuple[bytes, float | None]:
@@ -399,7 +406,7 @@ class SliderExplorer:
             f'data-smallest-font-pt="{font}" style="margin:0.5em 0">{_STYLE}\n'
             f'<div class="afs-controls">{"".join(controls)}</div>\n'
             '<div class="afs-label" aria-live="polite">'
-            f'{esc(self.frame_labels[shown])}</div>\n'
+            f"{esc(self.frame_labels[shown])}</div>\n"
             '<div class="afs-frames">\n' + "\n".join(frames) + "\n</div>\n</div>"
         )
 
@@ -435,14 +442,17 @@ class SliderExplorer:
         ]
         shown = self._index(self.start)
         self._label_widget = w.Label(value=self.frame_labels[shown])
-        self._image = w.Image(value=self.frames[shown], format="png",
-                              layout=w.Layout(max_width="100%"))
+        self._image = w.Image(
+            value=self.frames[shown], format="png", layout=w.Layout(max_width="100%")
+        )
         for slider in self._sliders:
             slider.observe(self._on_slider, names="value")
         # flex-start: children keep their natural width (the default "stretch"
         # would scale the PNG up to the notebook's width and blur it)
-        box = w.VBox([*self._sliders, self._label_widget, self._image],
-                     layout=w.Layout(align_items="flex-start"))
+        box = w.VBox(
+            [*self._sliders, self._label_widget, self._image],
+            layout=w.Layout(align_items="flex-start"),
+        )
         box.add_class("afs-explorer-live")
         return box
 
@@ -540,7 +550,16 @@ def explore(
             colour-mapped image.
     """
     return SliderExplorer(
-        name, values, draw, name2=name2, values2=values2,
-        max_frames=max_frames, max_html_bytes=max_html_bytes, dpi=dpi,
-        start=start, start2=start2, label=label, colorbar=colorbar,
+        name,
+        values,
+        draw,
+        name2=name2,
+        values2=values2,
+        max_frames=max_frames,
+        max_html_bytes=max_html_bytes,
+        dpi=dpi,
+        start=start,
+        start2=start2,
+        label=label,
+        colorbar=colorbar,
     )

@@ -32,19 +32,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     from matplotlib.figure import Figure
 
-__all__ = [
-    "BOOK_RC",
-    "COLUMN_PX",
-    "DPI",
-    "MAX_WIDTH_IN",
-    "MIN_FONT_PT",
-    "MIN_TEXT_PX",
-    "book_style",
-    "smallest_font_pt",
-    "smallest_text_px",
-    "text_css_px",
-    "use_book_style",
-]
 
 #: Width of the book's text column on a 1280 x 900 desktop, in CSS px (Chromium).
 COLUMN_PX = 688
@@ -128,8 +115,9 @@ def smallest_font_pt(fig: Figure, draw: bool = True) -> float:
     return float(min(sizes))
 
 
-def smallest_text_px(fig: Figure, displayed_px: float = COLUMN_PX, *,
-                     dpi: float | None = None, tight: bool = True) -> float:
+def smallest_text_px(
+    fig: Figure, displayed_px: float = COLUMN_PX, *, dpi: float | None = None, tight: bool = True
+) -> float:
     """CSS px height of the smallest text of ``fig`` shown in a column ``displayed_px`` wide.
 
     Args:

@@ -59,8 +59,7 @@ def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) ->
         if t.dim() > max(dims):
             hint = " (select one batch element/head first, e.g. weights[0], or use attention_grid)"
         raise ValueError(
-            f"{name} must have shape {shape_doc}, got {t.dim()}-D shape "
-            f"{tuple(t.shape)}{hint}"
+            f"{name} must have shape {shape_doc}, got {t.dim()}-D shape {tuple(t.shape)}{hint}"
         )
     if any(s == 0 for s in t.shape):
         raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
@@ -127,7 +126,9 @@ def _check_flags(annotate: object, colorbar: object) -> None:
     check_bool("colorbar", colorbar)
 
 
-def _check_tokens(tokens: Sequence[Any] | None, name: str, length: int, axis: str) -> list[str] | None:
+def _check_tokens(
+    tokens: Sequence[Any] | None, name: str, length: int, axis: str
+) -> list[str] | None:
     if tokens is None:
         return None
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
@@ -137,8 +138,7 @@ def _check_tokens(tokens: Sequence[Any] | None, name: str, length: int, axis: st
         )
     if len(tokens) != length:
         raise ValueError(
-            f"{name} must have one label per {axis}: expected {length} labels, "
-            f"got {len(tokens)}"
+            f"{name} must have one label per {axis}: expected {length} labels, got {len(tokens)}"
         )
     return [str(t) for t in tokens]
 
@@ -162,8 +162,7 @@ def _set_ticks(ax: Axes, which: str, labels: list[str] | None, n: int) -> None:
         axis.set_ticks(positions, labels=[str(p) for p in positions], fontsize=_TICK_PT)
         return
     rotation = _x_rotation(labels) if which == "x" else 0
-    axis.set_ticks(range(n), labels=labels, fontsize=_tick_fontsize(labels, n),
-                   rotation=rotation)
+    axis.set_ticks(range(n), labels=labels, fontsize=_tick_fontsize(labels, n), rotation=rotation)
 
 
 def _draw_heatmap(
@@ -181,8 +180,7 @@ def _draw_heatmap(
 ) -> AxesImage:
     """Draw one (Lq, Lk) matrix on ``ax``; shared by the single heatmap and the grid."""
     lq, lk = arr.shape
-    image = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",
-                      interpolation="nearest")
+    image = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
     _set_ticks(ax, "x", key_tokens, lk)
     _set_ticks(ax, "y", query_tokens, lq)
     ax.set_xlabel("keys")
@@ -191,14 +189,25 @@ def _draw_heatmap(
         cells = image.to_rgba(arr)  # (Lq, Lk, 4): the colour of each cell, NaN's too
         for i in range(lq):
             for j in range(lk):
-                ax.text(j, i, format(float(arr[i, j]), fmt), ha="center", va="center",
-                        fontsize=annot_size, color=_text_colour(cells[i, j]))
+                ax.text(
+                    j,
+                    i,
+                    format(float(arr[i, j]), fmt),
+                    ha="center",
+                    va="center",
+                    fontsize=annot_size,
+                    color=_text_colour(cells[i, j]),
+                )
     return image
 
 
 def _new_heatmap_axes(
-    lq: int, lk: int, q_labels: list[str] | None, k_labels: list[str] | None,
-    title: str | None, colorbar: bool,
+    lq: int,
+    lk: int,
+    q_labels: list[str] | None,
+    k_labels: list[str] | None,
+    title: str | None,
+    colorbar: bool,
 ) -> tuple[Axes, Axes | None, tuple[float, float]]:
     """A new pyplot figure sized for the matrix, with margins computed from the labels.
 
@@ -237,8 +246,10 @@ def _new_heatmap_axes(
     ax = fig.add_axes((left / fig_w, bottom / fig_h, width / fig_w, height / fig_h))
     cax = None
     if colorbar:
-        cax = fig.add_axes(((left + width + pt(10)) / fig_w, bottom / fig_h, pt(10) / fig_w,
-                            height / fig_h), label="<colorbar>")
+        cax = fig.add_axes(
+            ((left + width + pt(10)) / fig_w, bottom / fig_h, pt(10) / fig_w, height / fig_h),
+            label="<colorbar>",
+        )
     coords = (-pt(x_ticks + 2) / height, -pt(y_ticks + 2) / width)
     return ax, cax, coords
 
@@ -303,20 +314,51 @@ def attention_heatmap(
     if annotate is None:
         annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
     with book_style():  # dpi and font sizes of the book (attention_lib.show.style)
-        return _heatmap(arr, q_labels, k_labels, ax=ax, title=title, annotate=annotate,
-                        colorbar=colorbar, vmin=vmin, vmax=vmax, colours=colours, fmt=fmt)
+        return _heatmap(
+            arr,
+            q_labels,
+            k_labels,
+            ax=ax,
+            title=title,
+            annotate=annotate,
+            colorbar=colorbar,
+            vmin=vmin,
+            vmax=vmax,
+            colours=colours,
+            fmt=fmt,
+        )
 
 
-def _heatmap(arr: numpy.ndarray, q_labels: list[str] | None, k_labels: list[str] | None, *,
-             ax: Axes | None, title: str | None, annotate: bool, colorbar: bool,
-             vmin: float, vmax: float, colours: Colormap, fmt: str) -> Axes:
+def _heatmap(
+    arr: numpy.ndarray,
+    q_labels: list[str] | None,
+    k_labels: list[str] | None,
+    *,
+    ax: Axes | None,
+    title: str | None,
+    annotate: bool,
+    colorbar: bool,
+    vmin: float,
+    vmax: float,
+    colours: Colormap,
+    fmt: str,
+) -> Axes:
     """attention_heatmap after validation: draw on ``ax`` or on a new figure."""
     lq, lk = arr.shape
     cax, coords = None, None
     if ax is None:
         ax, cax, coords = _new_heatmap_axes(lq, lk, q_labels, k_labels, title, colorbar)
-    image = _draw_heatmap(ax, arr, q_labels, k_labels, annotate=bool(annotate),
-                          vmin=vmin, vmax=vmax, cmap=colours, fmt=fmt)
+    image = _draw_heatmap(
+        ax,
+        arr,
+        q_labels,
+        k_labels,
+        annotate=bool(annotate),
+        vmin=vmin,
+        vmax=vmax,
+        cmap=colours,
+        fmt=fmt,
+    )
     if coords is not None:  # fixed positions: no measuring of tick labels per draw
         ax.xaxis.set_label_coords(0.5, coords[0])
         ax.yaxis.set_label_coords(coords[1], 0.5)
@@ -336,13 +378,19 @@ def _heatmap(arr: numpy.ndarray, q_labels: list[str] | None, k_labels: list[str]
     return ax
 
 
-def _check_titles(titles: Sequence[Any] | None, name: str, length: int, what: str) -> list[str] | None:
+def _check_titles(
+    titles: Sequence[Any] | None, name: str, length: int, what: str
+) -> list[str] | None:
     if titles is None:
         return None
     if isinstance(titles, (str, bytes)) or not isinstance(titles, Sequence):
-        raise TypeError(f"{name} must be a sequence of {length} titles, got {type(titles).__name__}")
+        raise TypeError(
+            f"{name} must be a sequence of {length} titles, got {type(titles).__name__}"
+        )
     if len(titles) != length:
-        raise ValueError(f"{name} must have one title per {what}: expected {length}, got {len(titles)}")
+        raise ValueError(
+            f"{name} must have one title per {what}: expected {length}, got {len(titles)}"
+        )
     return [str(t) for t in titles]
 
 
@@ -426,27 +474,49 @@ def attention_grid(
     n_layers, n_heads, lq, lk = arr.shape
     q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (dim -2 of weights)")
     k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (dim -1 of weights)")
-    heads = _check_titles(col_titles, "col_titles", n_heads, "head") or [f"head {h}" for h in range(n_heads)]
-    layers = _check_titles(row_titles, "row_titles", n_layers, "layer") or [f"layer {l}" for l in range(n_layers)]
+    heads = _check_titles(col_titles, "col_titles", n_heads, "head") or [
+        f"head {h}" for h in range(n_heads)
+    ]
+    layers = _check_titles(row_titles, "row_titles", n_layers, "layer") or [
+        f"layer {l}" for l in range(n_layers)
+    ]
     max_cols = check_int("max_cols", max_cols, minimum=1)
     panel_size = check_real("panel_size", panel_size, above=0)
     aspect = min(1.6, max(0.6, lk / lq))  # panel width / height
-    ncols, panel_w = _grid_columns(n_layers * n_heads, n_heads if four_d else None,
-                                   max_cols, panel_size * aspect, colorbar)
+    ncols, panel_w = _grid_columns(
+        n_layers * n_heads, n_heads if four_d else None, max_cols, panel_size * aspect, colorbar
+    )
     if annotate is None:
-        annotate = (lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
-                    and _annotation_fits(fmt, 0.8 * panel_w / lk))
+        annotate = (
+            lq <= ANNOTATE_MAX_SIDE
+            and lk <= ANNOTATE_MAX_SIDE
+            and _annotation_fits(fmt, 0.8 * panel_w / lk)
+        )
     with book_style():  # dpi and font sizes of the book (attention_lib.show.style)
-        fig = _grid(arr, q_labels, k_labels, layers, heads, four_d=four_d, ncols=ncols,
-                    panel=(panel_w, panel_w / aspect), annotate=bool(annotate),
-                    colorbar=colorbar, vmin=vmin, vmax=vmax, colours=colours, fmt=fmt)
+        fig = _grid(
+            arr,
+            q_labels,
+            k_labels,
+            layers,
+            heads,
+            four_d=four_d,
+            ncols=ncols,
+            panel=(panel_w, panel_w / aspect),
+            annotate=bool(annotate),
+            colorbar=colorbar,
+            vmin=vmin,
+            vmax=vmax,
+            colours=colours,
+            fmt=fmt,
+        )
         if suptitle is not None:
             fig.suptitle(suptitle)
     return fig
 
 
-def _grid_columns(n_panels: int, per_row_group: int | None, max_cols: int, panel_w: float,
-                  colorbar: bool) -> tuple[int, float]:
+def _grid_columns(
+    n_panels: int, per_row_group: int | None, max_cols: int, panel_w: float, colorbar: bool
+) -> tuple[int, float]:
     """Panels per row and panel width (inches) so that the grid fits the book's column.
 
     At most as many panels per row as fit MAX_WIDTH_IN at PANEL_MIN_IN each (and at most
@@ -466,10 +536,23 @@ def _grid_columns(n_panels: int, per_row_group: int | None, max_cols: int, panel
     return ncols, min(panel_w, room / ncols)
 
 
-def _grid(arr: numpy.ndarray, q_labels: list[str] | None, k_labels: list[str] | None,
-          layers: list[str], heads: list[str], *, four_d: bool, ncols: int,
-          panel: tuple[float, float], annotate: bool, colorbar: bool, vmin: float,
-          vmax: float, colours: Colormap, fmt: str) -> Figure:
+def _grid(
+    arr: numpy.ndarray,
+    q_labels: list[str] | None,
+    k_labels: list[str] | None,
+    layers: list[str],
+    heads: list[str],
+    *,
+    four_d: bool,
+    ncols: int,
+    panel: tuple[float, float],
+    annotate: bool,
+    colorbar: bool,
+    vmin: float,
+    vmax: float,
+    colours: Colormap,
+    fmt: str,
+) -> Figure:
     """attention_grid after validation: one panel per (layer, head), ``ncols`` per row."""
     import matplotlib.pyplot as plt
 
@@ -478,16 +561,30 @@ def _grid(arr: numpy.ndarray, q_labels: list[str] | None, k_labels: list[str] | 
     panels = [(l, h) for l in range(n_layers) for h in range(n_heads)]
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(
-        nrows, ncols, squeeze=False, layout="constrained",
-        figsize=(ncols * panel[0] + (1.1 if colorbar else 0.3) + 0.6,
-                 nrows * (panel[1] + 0.35) + 0.4),
+        nrows,
+        ncols,
+        squeeze=False,
+        layout="constrained",
+        figsize=(
+            ncols * panel[0] + (1.1 if colorbar else 0.3) + 0.6,
+            nrows * (panel[1] + 0.35) + 0.4,
+        ),
     )
     image = None
     for k, (l, h) in enumerate(panels):
         r, c = divmod(k, ncols)
         ax = axes[r, c]
-        image = _draw_heatmap(ax, arr[l, h], q_labels, k_labels, annotate=annotate,
-                              vmin=vmin, vmax=vmax, cmap=colours, fmt=fmt)
+        image = _draw_heatmap(
+            ax,
+            arr[l, h],
+            q_labels,
+            k_labels,
+            annotate=annotate,
+            vmin=vmin,
+            vmax=vmax,
+            cmap=colours,
+            fmt=fmt,
+        )
         ax.set_title(f"{layers[l]}, {heads[h]}" if four_d else heads[h], fontsize=10, y=1.0)
         # Shared labels: only the left column keeps query labels, and only a panel
         # with no panel below it keeps key labels.

@@ -40,13 +40,19 @@ def problems(tab: Tab) -> dict[str, list]:
         for text, src in tab.console_errors
         if not any(re.search(m, text) and re.search(s, src) for m, s, _ in ALLOWED_CONSOLE_ERRORS)
         # an allowed blocked request shows up once more as "Failed to load resource"
-        and not (text.startswith("Failed to load resource") and src in tab.blocked
-                 and src not in blocked)
+        and not (
+            text.startswith("Failed to load resource") and src in tab.blocked and src not in blocked
+        )
     ]
-    uncaught = [e for e in tab.page_errors if not any(re.search(m, e) for m, _ in ALLOWED_PAGE_ERRORS)]
+    uncaught = [
+        e for e in tab.page_errors if not any(re.search(m, e) for m, _ in ALLOWED_PAGE_ERRORS)
+    ]
     return {
         k: v
-        for k, v in {"blocked requests": blocked, "console errors": console,
-                     "uncaught exceptions": uncaught}.items()
+        for k, v in {
+            "blocked requests": blocked,
+            "console errors": console,
+            "uncaught exceptions": uncaught,
+        }.items()
         if v
     }

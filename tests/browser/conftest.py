@@ -80,7 +80,9 @@ def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`apt-get install chromium`)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (`apt-get install chromium`)"
+        )
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
@@ -212,8 +214,9 @@ def _loaded_phone_pages(browser, base_url: str) -> Iterator[tuple[object, dict[s
 
 
 @pytest.fixture
-def loaded(base_url: str, _loaded_pages: tuple[object, dict[str, Tab]],
-           request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+def loaded(
+    base_url: str, _loaded_pages: tuple[object, dict[str, Tab]], request: pytest.FixtureRequest
+) -> Iterator[Callable[[str], Tab]]:
     """`loaded(docname)`: the page as first loaded (once per session), for read-only checks.
 
     Loading every page once instead of once per test keeps the suite fast; tests that
@@ -223,14 +226,18 @@ def loaded(base_url: str, _loaded_pages: tuple[object, dict[str, Tab]],
 
 
 @pytest.fixture
-def loaded_phone(base_url: str, _loaded_phone_pages: tuple[object, dict[str, Tab]],
-                 request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+def loaded_phone(
+    base_url: str,
+    _loaded_phone_pages: tuple[object, dict[str, Tab]],
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[[str], Tab]]:
     """`loaded_phone(docname)`: like `loaded`, on a 390 x 844 touch screen."""
     yield from _loaded(base_url, _loaded_phone_pages, request)
 
 
-def _loaded(base_url: str, pages: tuple[object, dict[str, Tab]],
-            request: pytest.FixtureRequest) -> Iterator[Callable[[str], Tab]]:
+def _loaded(
+    base_url: str, pages: tuple[object, dict[str, Tab]], request: pytest.FixtureRequest
+) -> Iterator[Callable[[str], Tab]]:
     context, cache = pages
     used: list[Tab] = []
 

@@ -66,8 +66,9 @@ def test_no_page_scrolls_sideways_on_a_phone(loaded_phone, docname: str) -> None
     assert not problems(tab), f"{docname} on a phone: {problems(tab)}"
 
 
-def test_display_math_scrolls_in_its_box_instead_of_being_cut(loaded_phone, loaded,
-                                                              docname: str) -> None:
+def test_display_math_scrolls_in_its_box_instead_of_being_cut(
+    loaded_phone, loaded, docname: str
+) -> None:
     for where, tab in (("phone", loaded_phone(docname)), ("desktop", loaded(docname))):
         cut = settled(tab).page.evaluate(CUT_MATH_JS)
         assert not cut, f"{docname} on a {where}: equations cut off: {cut}"
@@ -118,8 +119,7 @@ def test_the_sidebar_toggle_folds_the_chapter_list_on_a_desktop(tab: Tab) -> Non
 
 def test_one_search_field(loaded, loaded_phone) -> None:
     for where, tab in (("desktop", loaded(PAGES[1])), ("phone", loaded_phone(PAGES[1]))):
-        shown = tab.page.locator(".search-button-field:visible, "
-                                 ".search-button:visible").count()
+        shown = tab.page.locator(".search-button-field:visible, .search-button:visible").count()
         assert shown == 1, f"{shown} search buttons or fields in the header on a {where}"
 
 

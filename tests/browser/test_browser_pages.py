@@ -136,7 +136,9 @@ def test_launch_menu_shows_binder_and_colab(loaded, notebook: str) -> None:
 
 def test_download_button_serves_the_notebook(loaded, notebook: str) -> None:
     tab = loaded(notebook)
-    href = tab.page.locator(f".article-header-buttons a{titled('Download source file')}").get_attribute("href")
+    href = tab.page.locator(
+        f".article-header-buttons a{titled('Download source file')}"
+    ).get_attribute("href")
     response = tab.page.request.get(tab.page.url.rsplit("/", 1)[0] + "/" + href)
     assert response.status == 200
     served = json.loads(response.body())
@@ -149,7 +151,9 @@ def test_search_finds_softmax(tab: Tab) -> None:
     tab.open("search", "?q=softmax")
     results = tab.page.locator("#search-results ul.search li")
     results.first.wait_for(timeout=20_000)
-    hrefs = [a.get_attribute("href") for a in tab.page.locator("#search-results ul.search li a").all()]
+    hrefs = [
+        a.get_attribute("href") for a in tab.page.locator("#search-results ul.search li a").all()
+    ]
     assert hrefs, "search for 'softmax' found nothing"
     softmax_pages = [d for d in PAGES if "softmax" in d]
     for docname in softmax_pages:  # the softmax chapter itself is among the results

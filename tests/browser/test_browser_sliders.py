@@ -49,7 +49,9 @@ def test_slider_html_is_complete(slider_page: str) -> None:
         for s in sliders:
             assert s["type"] == "range" and int(s["min"]) == 0
             n *= int(s["max"]) + 1
-        assert len(frames) == n >= 2, f"{slider_page}: {len(frames)} frames for {n} slider positions"
+        assert len(frames) == n >= 2, (
+            f"{slider_page}: {len(frames)} frames for {n} slider positions"
+        )
         assert all(f["src"].startswith("data:image/png;base64,") for f in frames)
         # Nothing in the explorer reaches for another host.
         assert "http://" not in str(ex) and "https://" not in str(ex)
@@ -59,7 +61,9 @@ def check_state(state: dict, where: str) -> dict:
     assert len(state["shown"]) == 1, f"{where}: {len(state['shown'])} frames shown instead of 1"
     frame = state["shown"][0]
     assert frame["natural"] > 0, f"{where}: the shown frame did not decode"
-    assert state["label"] == frame["alt"], f"{where}: label {state['label']!r} vs frame {frame['alt']!r}"
+    assert state["label"] == frame["alt"], (
+        f"{where}: label {state['label']!r} vs frame {frame['alt']!r}"
+    )
     return frame
 
 
@@ -97,8 +101,12 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
                 assert slider.input_value() == str(step), f"{where}: arrow key did not move it"
                 state = ex.evaluate(STATE_JS)
                 frame = check_state(state, f"{where} at {step}")
-                assert frame["index"] != before["shown"][0]["index"], f"{where}: same frame at {step}"
-                assert state["label"] != before["label"], f"{where}: label stuck at {state['label']!r}"
+                assert frame["index"] != before["shown"][0]["index"], (
+                    f"{where}: same frame at {step}"
+                )
+                assert state["label"] != before["label"], (
+                    f"{where}: label stuck at {state['label']!r}"
+                )
                 assert f"{param} = " in state["label"], f"{where}: label {state['label']!r}"
                 sources.add(frame["src"])
             assert len(sources) >= 2, f"{where}: every position shows the same picture"

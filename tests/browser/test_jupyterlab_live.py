@@ -74,10 +74,23 @@ class Lab:
 
 def _notebook() -> dict:
     return {
-        "cells": [{"cell_type": "code", "execution_count": None, "id": "explorer",
-                   "metadata": {}, "outputs": [], "source": CELL}],
-        "metadata": {"kernelspec": {"name": KERNEL_NAME, "display_name": "attention_lib venv",
-                                    "language": "python"}},
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "explorer",
+                "metadata": {},
+                "outputs": [],
+                "source": CELL,
+            }
+        ],
+        "metadata": {
+            "kernelspec": {
+                "name": KERNEL_NAME,
+                "display_name": "attention_lib venv",
+                "language": "python",
+            }
+        },
         "nbformat": 4,
         "nbformat_minor": 5,
     }
@@ -149,38 +162,58 @@ def jupyterlab(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Lab]:
     root, home = tmp_path / "notebooks", tmp_path / "home"
     root.mkdir()
     (root / NOTEBOOK).write_text(json.dumps(_notebook(), indent=1))
-    dirs = {name: home / name for name in
-            ("jupyter-config", "jupyter-data", "jupyter-runtime", "ipython", "config", "cache")}
+    dirs = {
+        name: home / name
+        for name in (
+            "jupyter-config",
+            "jupyter-data",
+            "jupyter-runtime",
+            "ipython",
+            "config",
+            "cache",
+        )
+    }
     for d in dirs.values():
         d.mkdir(parents=True)
     # A kernelspec of our own, so no python3 spec from elsewhere can stand in for the venv.
     spec = dirs["jupyter-data"] / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [str(VENV_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "attention_lib venv",
-        "language": "python",
-    }))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JUPYTER", "IPYTHON", "XDG_", "MPL"))}
-    env.update({
-        # Nothing of the user's home is read or written: settings, workspaces, notebook
-        # signatures, IPython history, matplotlib's font cache all go to the temporary home.
-        "HOME": str(home),
-        "XDG_CONFIG_HOME": str(dirs["config"]),
-        "XDG_CACHE_HOME": str(dirs["cache"]),
-        "JUPYTER_CONFIG_DIR": str(dirs["jupyter-config"]),  # also lab settings and workspaces
-        "JUPYTER_DATA_DIR": str(dirs["jupyter-data"]),  # our kernelspec, notebook signatures
-        "JUPYTER_RUNTIME_DIR": str(dirs["jupyter-runtime"]),  # jpserver-PID.json, kernels
-        "IPYTHONDIR": str(dirs["ipython"]),
-        "JUPYTERLAB_DIR": str(VENV / "share" / "jupyter" / "lab"),  # the venv's built app
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        "OMP_NUM_THREADS": "1",  # 2 cores, shared
-        "MKL_NUM_THREADS": "1",
-    })
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [str(VENV_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "attention_lib venv",
+                "language": "python",
+            }
+        )
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("JUPYTER", "IPYTHON", "XDG_", "MPL"))
+    }
+    env.update(
+        {
+            # Nothing of the user's home is read or written: settings, workspaces, notebook
+            # signatures, IPython history, matplotlib's font cache all go to the temporary home.
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(dirs["config"]),
+            "XDG_CACHE_HOME": str(dirs["cache"]),
+            "JUPYTER_CONFIG_DIR": str(dirs["jupyter-config"]),  # also lab settings and workspaces
+            "JUPYTER_DATA_DIR": str(dirs["jupyter-data"]),  # our kernelspec, notebook signatures
+            "JUPYTER_RUNTIME_DIR": str(dirs["jupyter-runtime"]),  # jpserver-PID.json, kernels
+            "IPYTHONDIR": str(dirs["ipython"]),
+            "JUPYTERLAB_DIR": str(VENV / "share" / "jupyter" / "lab"),  # the venv's built app
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            "OMP_NUM_THREADS": "1",  # 2 cores, shared
+            "MKL_NUM_THREADS": "1",
+        }
+    )
     log = tmp_path / "jupyterlab.log"
     cmd = [
-        str(VENV_PYTHON), "-m", "jupyterlab",
+        str(VENV_PYTHON),
+        "-m",
+        "jupyterlab",
         "--no-browser",
         "--ServerApp.ip=127.0.0.1",
         "--ServerApp.port=0",  # the OS picks a free port; read back from jpserver-PID.json
@@ -196,8 +229,15 @@ def jupyterlab(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Lab]:
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     lab = Lab(url="", log=log)
     try:
         deadline = time.monotonic() + SERVER_START_S
@@ -206,8 +246,11 @@ def jupyterlab(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Lab]:
             if info and _ready(f"http://127.0.0.1:{info['port']}/"):
                 lab.url = f"http://127.0.0.1:{info['port']}/"
             elif proc.poll() is not None or time.monotonic() > deadline:
-                state = (f"exited with {proc.returncode}" if proc.poll() is not None
-                         else f"was not ready after {SERVER_START_S} s")
+                state = (
+                    f"exited with {proc.returncode}"
+                    if proc.poll() is not None
+                    else f"was not ready after {SERVER_START_S} s"
+                )
                 pytest.fail(f"JupyterLab {state}:\n{lab.log_tail()}")
             else:
                 time.sleep(0.2)
@@ -269,16 +312,19 @@ FRAME_SHOWN_JS = """([out, label, oldSrc]) => {
 
 
 def _problems(tab: Tab) -> str:
-    return (f"blocked requests: {tab.blocked}\nconsole errors: {tab.console_errors}\n"
-            f"page errors: {tab.page_errors}")
+    return (
+        f"blocked requests: {tab.blocked}\nconsole errors: {tab.console_errors}\n"
+        f"page errors: {tab.page_errors}"
+    )
 
 
 def _move(tab: Tab, out, key: str, label: str, old: dict) -> dict:
     """Press `key` on the focused slider; wait for `label` and a new image; the new state."""
     tab.page.keyboard.press(key)
     try:
-        tab.page.wait_for_function(FRAME_SHOWN_JS, arg=[out.element_handle(), label, old["src"]],
-                                   timeout=REDRAW_MS)
+        tab.page.wait_for_function(
+            FRAME_SHOWN_JS, arg=[out.element_handle(), label, old["src"]], timeout=REDRAW_MS
+        )
     except Exception as exc:
         raise AssertionError(
             f"{key} on the slider: no redraw to {label!r} within {REDRAW_MS} ms "
@@ -303,14 +349,17 @@ def test_jupyterlab_shows_only_the_live_slider_and_it_redraws(
                 && w.sessionContext.session.kernel;
             return kernel && kernel.name === name && kernel.status === 'idle';
         }""",
-        arg=KERNEL_NAME, timeout=KERNEL_MS,
+        arg=KERNEL_NAME,
+        timeout=KERNEL_MS,
     )
     t_open = time.perf_counter()
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     cell = page.locator(".jp-Notebook .jp-CodeCell").first
-    page.wait_for_function("(el) => /\\[\\d+\\]/.test(el.textContent)",  # "[1]:", not "[*]:"
-                           arg=cell.locator(".jp-InputArea-prompt").element_handle(),
-                           timeout=KERNEL_MS)
+    page.wait_for_function(
+        "(el) => /\\[\\d+\\]/.test(el.textContent)",  # "[1]:", not "[*]:"
+        arg=cell.locator(".jp-InputArea-prompt").element_handle(),
+        timeout=KERNEL_MS,
+    )
     t_ran = time.perf_counter()
     bundles = page.evaluate("""() => window.jupyterapp.shell.currentWidget.content.widgets[0]
         .outputArea.model.toJSON().map(o => ({type: o.output_type, mimes: Object.keys(o.data || {}),
@@ -322,8 +371,9 @@ def test_jupyterlab_shows_only_the_live_slider_and_it_redraws(
     outputs = cell.locator(".jp-OutputArea-output")
     # Every rendermime renderer but the widget manager's marks its node with data-mime-type
     # (a text/html or text/plain output's node is the .jp-OutputArea-output itself).
-    other = cell.locator(".jp-OutputArea-output[data-mime-type], "
-                         ".jp-OutputArea-output [data-mime-type]")
+    other = cell.locator(
+        ".jp-OutputArea-output[data-mime-type], .jp-OutputArea-output [data-mime-type]"
+    )
     cell.locator(".jp-OutputArea-output .afs-explorer-live").or_(other).first.wait_for()
     assert other.count() == 0, (
         f"JupyterLab rendered {other.evaluate_all('els => els.map(e => e.dataset.mimeType)')} "
