@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, check_integer_tensor
+from ._checks import check_bool, check_int, check_integer_tensor, trusted_inputs
 from .encoder import POSITIONAL_KINDS, Encoder, SinusoidalPositionalEncoding
 from .kv_cache import KVCache
 
@@ -125,12 +125,14 @@ class CausalLM(nn.Module):
         self._check_tokens(tokens)
         self._check_cache(cache, tokens)
         check_bool("need_weights", need_weights)
-        return self._forward(tokens, cache, need_weights=need_weights)
+        with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
+            return self._forward(tokens, cache, need_weights=need_weights)
 
     def _forward(
         self, tokens: Tensor, cache: KVCache | None, *, need_weights: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` without the checks (the per-token core of generation)."""
+        """:meth:`forward` without the checks (the per-token core of generation);
+        call it inside :func:`~attention_lib._checks.trusted_inputs`."""
         length = tokens.shape[1]
         past = 0 if cache is None else len(cache)  # tokens already in the cache
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int, check_integer_tensor
+from ._checks import check_bool, check_int, check_integer_tensor, trusted_inputs
 from .causal_lm import CausalLM
 from .kv_cache import KVCache
 
@@ -130,13 +130,14 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        tokens = prompt
-        cache = KVCache() if use_cache else None
-        new = prompt  # what the model has not seen yet
-        for _ in range(max_new_tokens):
-            logits = model._forward(new if use_cache else tokens, cache)  # (B, L, V)
-            new = pick(logits[:, -1])  # (B, 1)
-            tokens = torch.cat([tokens, new], dim=1)  # (B, T + 1)
+        with trusted_inputs():  # checked once above: every step runs unchecked
+            tokens = prompt
+            cache = KVCache() if use_cache else None
+            new = prompt  # what the model has not seen yet
+            for _ in range(max_new_tokens):
+                logits = model._forward(new if use_cache else tokens, cache)  # (B, L, V)
+                new = pick(logits[:, -1])  # (B, 1)
+                tokens = torch.cat([tokens, new], dim=1)  # (B, T + 1)
     finally:
         model.train(was_training)
     return tokens

@@ -128,3 +128,20 @@ def test_clear_errors(lm: CausalLM) -> None:
         generate(lm, prompt(), 2.0)
     with pytest.raises(TypeError, match="generator"):
         generate(lm, prompt(), 2, do_sample=True, generator=0)
+
+
+def test_generation_validates_once_at_the_door(lm: CausalLM, monkeypatch) -> None:
+    """The per-token steps run unchecked: no layer re-validates its input."""
+    from attention_lib import MultiHeadAttention
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an inner module re-validated its input")
+
+    monkeypatch.setattr(MultiHeadAttention, "_check_inputs", fail)
+    monkeypatch.setattr(CausalLM, "_check_tokens", fail)
+    with pytest.raises(AssertionError):  # the door itself still checks
+        generate(lm, prompt(), 2)
+    monkeypatch.undo()
+    monkeypatch.setattr(MultiHeadAttention, "_check_inputs", fail)
+    assert generate(lm, prompt(), 4).shape == (3, 9)
+    assert generate(lm, prompt(), 4, use_cache=False).shape == (3, 9)
