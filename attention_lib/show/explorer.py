@@ -363,6 +363,7 @@ class SliderExplorer:
         args = tuple(vals[i] for vals, i in zip(self.values, idx))
         call = f"draw({', '.join(repr(a) for a in args)})"
         before = set(plt.get_fignums())
+        fig = None
         try:
             with book_style():
                 fig = _as_figure(self.draw(*args), call)
@@ -372,7 +373,7 @@ class SliderExplorer:
                 # savefig drew every text (tick labels too): measure without redrawing
                 return png, _smallest_font_or_none(fig) if measure else None
         finally:
-            if "fig" in locals():
+            if fig is not None:  # shown as a PNG: never by the inline backend
                 plt.close(fig)
             # Figures that draw opened and did not return (or opened before it
             # failed) would otherwise be shown by the inline backend later.

@@ -524,7 +524,7 @@ def _grid_columns(
     4-D grid (``per_row_group`` of them per layer) stay one layer per row when they fit,
     else wrap on a divisor of the head count, so that no row mixes two layers.
     """
-    room = MAX_WIDTH_IN - (1.1 if colorbar else 0.3) - 0.6  # colour bar, query labels
+    room = MAX_WIDTH_IN - _grid_margin(colorbar)
     fit = max(1, int(room // PANEL_MIN_IN))
     if per_row_group is not None:
         ncols = per_row_group
@@ -534,6 +534,11 @@ def _grid_columns(
         ncols = min(n_panels, max_cols, fit)
         ncols = math.ceil(n_panels / math.ceil(n_panels / ncols))
     return ncols, min(panel_w, room / ncols)
+
+
+def _grid_margin(colorbar: bool) -> float:
+    """Width (inches) of a grid beside its panels: query labels, and the colour bar."""
+    return 0.6 + (1.1 if colorbar else 0.3)
 
 
 def _grid(
@@ -565,10 +570,7 @@ def _grid(
         ncols,
         squeeze=False,
         layout="constrained",
-        figsize=(
-            ncols * panel[0] + (1.1 if colorbar else 0.3) + 0.6,
-            nrows * (panel[1] + 0.35) + 0.4,
-        ),
+        figsize=(ncols * panel[0] + _grid_margin(colorbar), nrows * (panel[1] + 0.35) + 0.4),
     )
     image = None
     for k, (l, h) in enumerate(panels):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from allowed_errors import problems
-from bookpages import PAGES, Tab
+from bookpages import PAGES, Tab, built_html
 
 PHONE_WIDTH = 390
 
@@ -160,3 +160,30 @@ WIDE_PRE_JS = """() => [...document.querySelectorAll('article pre')]
 def test_no_code_block_scrolls_sideways_on_a_desktop(loaded, docname: str) -> None:
     wide = settled(loaded(docname)).page.evaluate(WIDE_PRE_JS)
     assert not wide, f"{docname}: {len(wide)} code/output blocks scroll at 1280 px: {wide[:5]}"
+
+
+def test_a_tap_opens_a_shrunk_figure_at_full_size_on_a_phone(phone_tab: Tab) -> None:
+    page = phone_tab.page
+    chapter = next(
+        d for d in PAGES if 'class="cell_output' in built_html(d) and "<img" in built_html(d)
+    )
+    phone_tab.open(chapter)
+    page.evaluate(
+        "() => document.querySelectorAll('img[loading=\"lazy\"]').forEach(i => i.loading = 'eager')"
+    )
+    figure = page.locator("article .cell_output img.afs-zoomable").first
+    figure.scroll_into_view_if_needed()
+    figure.wait_for(state="visible")
+    natural = figure.evaluate("i => i.naturalWidth")
+    assert figure.bounding_box()["width"] < natural, "the figure is not shrunk on a phone"
+    figure.tap()
+    page.wait_for_function(
+        "i => Math.abs(i.getBoundingClientRect().width - i.naturalWidth) < 1",
+        arg=figure.element_handle(),
+    )
+    # full size inside its own scrolling box: the page itself still does not scroll sideways
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE_WIDTH
+    figure.tap()
+    page.wait_for_function(
+        "i => i.getBoundingClientRect().width < i.naturalWidth", arg=figure.element_handle()
+    )
