@@ -19,8 +19,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, check_integer_tensor, trusted_inputs
-from .encoder import POSITIONAL_KINDS, Encoder, SinusoidalPositionalEncoding
+from ._checks import check_bool, check_int, trusted_inputs
+from .encoder import (
+    Encoder,
+    SinusoidalPositionalEncoding,
+    _check_token_ids,
+    _position_module,
+)
 from .kv_cache import KVCache
 
 
@@ -80,18 +85,12 @@ class CausalLM(nn.Module):
         backend: str = "lib",
     ) -> None:
         super().__init__()
-        if positional not in POSITIONAL_KINDS:
-            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
         self.positional = positional
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.position: nn.Module | None = None
-        if positional == "learned":
-            self.position = nn.Embedding(max_len, d_model)
-        elif positional == "sinusoidal":
-            self.position = SinusoidalPositionalEncoding(d_model, max_len)
+        self.position = _position_module(positional, d_model, max_len)
         self.blocks = Encoder(d_model, num_heads, num_layers, d_ff, dropout, backend=backend)
         self.head = nn.Linear(d_model, vocab_size)
 
@@ -150,15 +149,10 @@ class CausalLM(nn.Module):
         return self.head(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
 
     def _check_tokens(self, tokens: object) -> None:
-        tokens = check_integer_tensor("tokens", tokens, what=" of ids")
-        if tokens.dim() != 2 or tokens.shape[1] == 0:
+        tokens = _check_token_ids(tokens, self.vocab_size)
+        if tokens.shape[1] == 0:
             raise ValueError(
                 f"tokens must have shape (B, L) with L >= 1, got shape {tuple(tokens.shape)}"
-            )
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens must hold ids in [0, vocab_size={self.vocab_size}), got values in "
-                f"[{int(tokens.min())}, {int(tokens.max())}]"
             )
 
     def _check_cache(self, cache: object, tokens: Tensor) -> None:

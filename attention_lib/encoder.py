@@ -41,8 +41,34 @@ from ._checks import (
 from .kv_cache import KVCache, LayerKVCache
 from .mha import MultiHeadAttention
 
-#: Accepted values of ``TokenClassifier(positional=...)``.
+#: Accepted values of ``TokenClassifier(positional=...)`` and ``CausalLM(positional=...)``.
 POSITIONAL_KINDS = ("sinusoidal", "learned", None)
+
+
+def _position_module(positional: object, d_model: int, max_len: int) -> nn.Module | None:
+    """The module that adds positions to the token embeddings of a model:
+    ``SinusoidalPositionalEncoding``, a learned ``nn.Embedding(max_len, d_model)``,
+    or ``None`` (no positions)."""
+    if positional not in POSITIONAL_KINDS:
+        raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
+    if positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len)
+    if positional == "learned":
+        return nn.Embedding(max_len, d_model)
+    return None
+
+
+def _check_token_ids(tokens: object, vocab_size: int) -> Tensor:
+    """``tokens`` must be an integer ``(B, L)`` tensor of ids in ``[0, vocab_size)``."""
+    tokens = check_integer_tensor("tokens", tokens, what=" of ids")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(
+            f"tokens must hold ids in [0, vocab_size={vocab_size}), got values in "
+            f"[{int(tokens.min())}, {int(tokens.max())}]"
+        )
+    return tokens
 
 
 def _check_model_input(x: object, d_model: int) -> Tensor:
@@ -476,8 +502,6 @@ class TokenClassifier(nn.Module):
         backend: str = "lib",
     ) -> None:
         super().__init__()
-        if positional not in POSITIONAL_KINDS:
-            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.num_classes = check_int(
             "num_classes", vocab_size if num_classes is None else num_classes, minimum=1
@@ -486,13 +510,7 @@ class TokenClassifier(nn.Module):
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
         self.positional = positional
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.position: nn.Module | None
-        if positional == "sinusoidal":
-            self.position = SinusoidalPositionalEncoding(d_model, max_len)
-        elif positional == "learned":
-            self.position = nn.Embedding(max_len, d_model)
-        else:
-            self.position = None
+        self.position = _position_module(positional, d_model, max_len)
         self.encoder = Encoder(d_model, num_heads, num_layers, d_ff, dropout, backend=backend)
         self.head = nn.Linear(d_model, self.num_classes)
 
@@ -535,15 +553,8 @@ class TokenClassifier(nn.Module):
         return self.head(hidden), weights  # (B, L, C), (B, layers, H, L, L)
 
     def _check_tokens(self, tokens: object) -> None:
-        tokens = check_integer_tensor("tokens", tokens, what=" of ids")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
+        tokens = _check_token_ids(tokens, self.vocab_size)
         if tokens.shape[1] > self.max_len:
             raise ValueError(
                 f"tokens has sequence length {tokens.shape[1]}, longer than max_len={self.max_len}"
-            )
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens must hold ids in [0, vocab_size={self.vocab_size}), got values in "
-                f"[{int(tokens.min())}, {int(tokens.max())}]"
             )

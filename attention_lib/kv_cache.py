@@ -9,7 +9,7 @@ lets the new query attend to all of them, with chapter 5's bottom-right causal
 alignment.
 
 Layout: one :class:`LayerKVCache` per attention layer, holding ``key`` and
-``value`` tensors of shape ``(B, H_kv, T, d_head)`` (``H_kv`` is the number of
+``value`` tensors of shape ``(B, H_kv, T, d_k)`` (``H_kv`` is the number of
 key/value heads, equal to the number of heads in plain multi-head attention).
 
 Explained in chapter 9, *Attention that writes*.
@@ -34,8 +34,8 @@ class LayerKVCache:
     Explained in chapter 9, *Attention that writes*.
 
     Attributes:
-        key: ``(B, H_kv, T, d_head)`` cached keys, or ``None`` while empty.
-        value: ``(B, H_kv, T, d_head)`` cached values, or ``None`` while empty.
+        key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
+        value: ``(B, H_kv, T, d_k)`` cached values, or ``None`` while empty.
     """
 
     def __init__(self) -> None:
@@ -57,17 +57,17 @@ class LayerKVCache:
         No checks: the model that owns the cache validated its input once.
 
         Args:
-            key: ``(B, H_kv, L_new, d_head)`` keys of the new positions.
-            value: ``(B, H_kv, L_new, d_head)`` values of the new positions.
+            key: ``(B, H_kv, L_new, d_k)`` keys of the new positions.
+            value: ``(B, H_kv, L_new, d_k)`` values of the new positions.
 
         Returns:
-            ``(key, value)``, each ``(B, H_kv, T + L_new, d_head)``: the cached
+            ``(key, value)``, each ``(B, H_kv, T + L_new, d_k)``: the cached
             positions first, then the new ones.
         """
         if self.key is None or self.value is None:
             self.key, self.value = key, value
         else:
-            self.key = torch.cat([self.key, key], dim=-2)  # (B, H_kv, T + L_new, d_head)
+            self.key = torch.cat([self.key, key], dim=-2)  # (B, H_kv, T + L_new, d_k)
             self.value = torch.cat([self.value, value], dim=-2)
         return self.key, self.value
 
@@ -106,7 +106,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the stored keys and values of all layers:
-        ``2 * layers * B * H_kv * T * d_head * itemsize``."""
+        ``2 * layers * B * H_kv * T * d_k * itemsize``."""
         return sum(layer.nbytes for layer in self.layers)
 
     def __repr__(self) -> str:

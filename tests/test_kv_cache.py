@@ -41,10 +41,10 @@ def test_nbytes_is_two_layers_batch_heads_tokens_d_head_itemsize(
     cache = KVCache()
     model(torch.randint(11, (batch, length)), cache=cache)
     model(torch.randint(11, (batch, 1)), cache=cache)
-    tokens, d_head = length + 1, d_model // heads
+    tokens, d_k = length + 1, d_model // heads
     itemsize = torch.empty(0, dtype=dtype).element_size()
     assert len(cache) == tokens
-    assert cache.nbytes == 2 * layers * batch * heads * tokens * d_head * itemsize
+    assert cache.nbytes == 2 * layers * batch * heads * tokens * d_k * itemsize
 
 
 def test_multi_head_attention_attends_to_cached_and_new_keys() -> None:
