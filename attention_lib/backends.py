@@ -16,7 +16,7 @@ the ``"lib"`` and ``"torch"`` backends check nothing.
   (readable; chapter 4);
 * ``"torch"``: PyTorch's fused ``F.scaled_dot_product_attention`` (fast;
   chapter 6);
-* ``"tiled"``: :func:`~attention_lib.tiled_attention`, tiled attention with an
+* ``"tiled"``: :func:`~attention_lib.tiled.tiled_attention`, tiled attention with an
   online softmax (chapter 8); its option ``block_size`` comes from
   ``MultiHeadAttention(..., block_size=...)``.
 

@@ -55,7 +55,7 @@ class MultiHeadAttention(nn.Module):
     (this package's :func:`~attention_lib.scaled_dot_product_attention`, the
     default), ``"torch"`` (PyTorch's fused ``F.scaled_dot_product_attention``:
     use it where you need speed, not weights) or ``"tiled"``
-    (:func:`~attention_lib.tiled_attention`, chapter 8, with ``block_size``).
+    (:func:`~attention_lib.tiled.tiled_attention`, chapter 8, with ``block_size``).
     A fused kernel cannot return the attention weights, so
     ``need_weights=True`` always uses the lib computation, whatever the backend.
 
@@ -68,7 +68,7 @@ class MultiHeadAttention(nn.Module):
         backend: attention backend name, one of
             :func:`~attention_lib.available_backends`.
         block_size: for ``backend="tiled"`` only: the ``block_size`` of
-            :func:`~attention_lib.tiled_attention` (an int or a pair
+            :func:`~attention_lib.tiled.tiled_attention` (an int or a pair
             ``(block_q, block_k)``); ``None`` keeps its default.
         device: device of the parameters.
         dtype: dtype of the parameters.
