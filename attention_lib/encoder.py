@@ -313,24 +313,13 @@ class EncoderLayer(nn.Module):
             keep = _check_layer_input(self.self_attn, x, mask, kv_cache)
             check_bool("need_weights", need_weights)
         with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
-            return self._forward(x, keep, need_weights=need_weights, kv_cache=kv_cache)
-
-    def _forward(
-        self,
-        x: Tensor,
-        keep: Tensor | None,
-        *,
-        need_weights: bool = False,
-        kv_cache: LayerKVCache | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` on checked inputs; ``keep`` is a bool keep-mask or ``None``."""
-        h = self.norm1(x)  # (B, L, d)
-        attended = self.self_attn(
-            h, h, h, keep, need_weights=need_weights, kv_cache=kv_cache
-        )  # (B, L, d), or with (B, H, L, Lk) weights
-        attn, weights = attended if need_weights else (attended, None)
-        x = x + self.dropout1(attn)
-        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
+            h = self.norm1(x)  # (B, L, d)
+            attended = self.self_attn(
+                h, h, h, keep, need_weights=need_weights, kv_cache=kv_cache
+            )  # (B, L, d), or with (B, H, L, Lk) weights
+            attn, weights = attended if need_weights else (attended, None)
+            x = x + self.dropout1(attn)
+            x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
 
 
@@ -428,27 +417,16 @@ class Encoder(nn.Module):
             first = cache.layers[0] if cache is not None and cache.layers else None
             keep = _check_layer_input(self.layers[0].self_attn, x, mask, first)
             check_bool("need_weights", need_weights)
-        with trusted_inputs():  # the layers run as modules (hooks work), unchecked
-            return self._forward(x, keep, need_weights=need_weights, cache=cache)
-
-    def _forward(
-        self,
-        x: Tensor,
-        keep: Tensor | None,
-        *,
-        need_weights: bool = False,
-        cache: KVCache | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` on checked inputs; ``keep`` is a bool keep-mask or ``None``."""
         all_weights = []
-        for i, layer in enumerate(self.layers):
-            kv_cache = None if cache is None else cache.layer(i)
-            out = layer(x, keep, need_weights=need_weights, kv_cache=kv_cache)
-            if need_weights:
-                x, weights = out  # (B, L, d), (B, H, L, Lk)
-                all_weights.append(weights)
-            else:
-                x = out  # (B, L, d)
+        with trusted_inputs():  # the layers run as modules (hooks work), unchecked
+            for i, layer in enumerate(self.layers):
+                kv_cache = None if cache is None else cache.layer(i)
+                out = layer(x, keep, need_weights=need_weights, kv_cache=kv_cache)
+                if need_weights:
+                    x, weights = out  # (B, L, d), (B, H, L, Lk)
+                    all_weights.append(weights)
+                else:
+                    x = out  # (B, L, d)
         x = self.norm(x)
         if not need_weights:
             return x
