@@ -28,7 +28,9 @@ def trusted_inputs() -> Iterator[None]:
     A public door (e.g. ``Encoder.forward``) checks its arguments, then calls its
     submodules *as modules* inside this block, so that their forward hooks still
     run but their arguments are not checked a second time (a ``mask`` passed
-    down is then already a bool keep-mask).
+    down is then already a bool keep-mask). Only the package's modules read the
+    flag; its functions (e.g. ``scaled_dot_product_attention``) always check.
+    A hook that calls one of the package's modules runs inside the block too.
     """
     token = _TRUSTED.set(True)
     try:
