@@ -117,14 +117,6 @@ CLAIM = re.compile(r"Explained in (.*?)(?:\n\s*\n|$)", re.S)  # up to the paragr
 # Claims in modules that other engineers are still changing; remove an entry when
 # its claim becomes true (or is reworded). Temporary, like test_book_structure's PENDING.
 PENDING_CLAIMS = {
-    # chapter 9's notebook is not on main yet (ch9)
-    ("attention_lib.causal_lm.CausalLM", 9),
-    ("attention_lib.generation.generate", 9),
-    ("attention_lib.induction.make_induction_data", 9),
-    ("attention_lib.induction.predictable_positions", 9),
-    ("attention_lib.induction.predictable_accuracy", 9),
-    ("attention_lib.kv_cache.LayerKVCache", 9),
-    ("attention_lib.kv_cache.KVCache", 9),
     # chapter 10 (ch10)
     ("attention_lib.kv_memory.ModelShape", 10),
     # the display kit (screen)
