@@ -11,6 +11,10 @@ positions of the sequence, after the cached ones: their queries attend to the
 cached keys and to their own, under chapter 5's bottom-right causal alignment
 (``tril(diagonal=Lk - Lq)``), and their positions continue where the cache ends.
 
+Chapter 10 adds the options of today's LLMs: rotary position embeddings
+(``positional="rope"``), grouped-query attention (``num_kv_heads``) and a
+sliding window (``window``, with a rolling :class:`~attention_lib.KVCache`).
+
 Explained in chapter 9, *Attention that writes*.
 """
 
@@ -21,6 +25,7 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_int, trusted_inputs
 from .encoder import (
+    POSITIONAL_KINDS,
     Encoder,
     SinusoidalPositionalEncoding,
     _check_token_ids,
@@ -28,16 +33,25 @@ from .encoder import (
 )
 from .kv_cache import KVCache
 
+#: Accepted values of ``CausalLM(positional=...)``: chapter 7's kinds and RoPE.
+DECODER_POSITIONAL_KINDS = (*POSITIONAL_KINDS, "rope")
 
-def _bottom_right_causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+
+def _bottom_right_causal_mask(
+    q_len: int, k_len: int, device: torch.device, window: int | None = None
+) -> Tensor:
     """Keep-mask of ``q_len`` queries that are the *last* of ``k_len`` positions.
 
-    Query ``i`` sits at position ``k_len - q_len + i`` and may attend to keys
-    ``0 .. k_len - q_len + i`` (chapter 5, *Masking*). With ``q_len == k_len``
-    it is the ordinary causal mask. No checks (an internal helper).
+    Query ``i`` sits at position ``p = k_len - q_len + i`` and may attend to keys
+    ``0 .. p`` (chapter 5, *Masking*); with a ``window``, only to keys
+    ``p - window < j <= p`` (chapter 10). With ``q_len == k_len`` it is the
+    ordinary causal (or sliding-window) mask. No checks (an internal helper).
     """
     keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (Lq, Lk)
-    return keep.tril(diagonal=k_len - q_len)
+    keep = keep.tril(diagonal=k_len - q_len)
+    if window is not None:
+        keep = keep.triu(diagonal=k_len - q_len - window + 1)  # and j > p - window
+    return keep
 
 
 class CausalLM(nn.Module):
@@ -60,9 +74,18 @@ class CausalLM(nn.Module):
         dropout: dropout probability (``train()`` only).
         positional: ``"learned"`` (an ``nn.Embedding(max_len, d_model)`` added
             to the token embeddings), ``"sinusoidal"`` (chapter 7's fixed
-            encodings) or ``None`` (no positions).
+            encodings), ``"rope"`` (rotary position embeddings in every
+            attention layer, chapter 10; nothing is added to the embeddings)
+            or ``None`` (no positions).
         backend: attention backend of every layer (see
             :class:`~attention_lib.MultiHeadAttention`).
+        num_kv_heads: key/value heads per layer (grouped-query attention,
+            chapter 10): the KV cache shrinks by ``num_heads / num_kv_heads``.
+            ``None`` means ``num_heads``.
+        rope_base: the RoPE base with ``positional="rope"``.
+        window: sliding-window attention (chapter 10): position ``i`` sees the
+            tokens ``i - window < j <= i`` only; generation then keeps a rolling
+            cache of ``window`` tokens. ``None`` for plain causal attention.
 
     Shapes:
         - tokens: ``(B, L)`` integer ids; with a cache of ``T`` tokens,
@@ -83,15 +106,35 @@ class CausalLM(nn.Module):
         dropout: float = 0.0,
         positional: str | None = "learned",
         backend: str = "lib",
+        num_kv_heads: int | None = None,
+        rope_base: float = 10000.0,
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        if positional not in DECODER_POSITIONAL_KINDS:
+            raise ValueError(
+                f"positional must be one of {DECODER_POSITIONAL_KINDS}, got {positional!r}"
+            )
+        self.window = None if window is None else check_int("window", window, minimum=1)
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
         self.positional = positional
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.position = _position_module(positional, d_model, max_len)
-        self.blocks = Encoder(d_model, num_heads, num_layers, d_ff, dropout, backend=backend)
+        # RoPE rotates queries and keys inside attention: nothing is added here.
+        self.position = (
+            None if positional == "rope" else _position_module(positional, d_model, max_len)
+        )
+        self.blocks = Encoder(
+            d_model,
+            num_heads,
+            num_layers,
+            d_ff,
+            dropout,
+            backend=backend,
+            num_kv_heads=num_kv_heads,
+            rope_base=rope_base if positional == "rope" else None,
+        )
         self.head = nn.Linear(d_model, vocab_size)
 
     @property
@@ -133,15 +176,19 @@ class CausalLM(nn.Module):
         """:meth:`forward` without the checks (the per-token core of generation);
         call it inside :func:`~attention_lib._checks.trusted_inputs`."""
         length = tokens.shape[1]
-        past = 0 if cache is None else len(cache)  # tokens already in the cache
+        past = 0 if cache is None else cache.position  # tokens seen before these
+        kept = 0 if cache is None else len(cache)  # ... of which the cache holds
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
         x = self.embedding(tokens)  # (B, L, d)
         if isinstance(self.position, SinusoidalPositionalEncoding):
             x = x + self.position.pe[positions].to(x.dtype)  # (B, L, d) + (L, d)
         elif self.position is not None:
             x = x + self.position(positions)  # (B, L, d) + (L, d)
-        # One new token sees every cached key and itself: nothing to mask.
-        mask = None if length == 1 else _bottom_right_causal_mask(length, past + length, x.device)
+        # One new token sees every cached key and itself: nothing to mask (but the
+        # oldest key of a full rolling cache has just left the window).
+        mask = None
+        if length > 1 or self.window is not None:
+            mask = _bottom_right_causal_mask(length, kept + length, x.device, self.window)
         out = self.blocks(x, mask, need_weights=need_weights, cache=cache)
         if not need_weights:
             return self.head(out)  # (B, L, V)
@@ -160,7 +207,12 @@ class CausalLM(nn.Module):
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-            past = len(cache)
+            if cache.window is not None and (self.window is None or cache.window < self.window):
+                raise ValueError(
+                    f"a rolling cache of window={cache.window} would drop keys that this "
+                    f"model (window={self.window}) still attends to"
+                )
+            past = cache.position
         if past + tokens.shape[1] > self.max_len:
             raise ValueError(
                 f"{past} cached + {tokens.shape[1]} new tokens is longer than "

@@ -254,6 +254,10 @@ class EncoderLayer(nn.Module):
         backend: attention backend of the self-attention (see
             :class:`~attention_lib.MultiHeadAttention`); ``need_weights=True``
             always computes with the lib backend.
+        num_kv_heads: key/value heads of the self-attention (grouped-query
+            attention, chapter 10); ``None`` means ``num_heads``.
+        rope_base: rotary position embeddings in the self-attention with this
+            base (chapter 10); ``None`` for none.
 
     Shapes:
         - x: ``(B, L, d_model)``
@@ -271,13 +275,22 @@ class EncoderLayer(nn.Module):
         dropout: float = 0.0,
         *,
         backend: str = "lib",
+        num_kv_heads: int | None = None,
+        rope_base: float | None = None,
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
         dropout = check_dropout_p(dropout, name="dropout")
         self.d_model = check_int("d_model", d_model, minimum=1)
         self.norm1 = nn.LayerNorm(d_model)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, backend=backend)
+        self.self_attn = MultiHeadAttention(
+            d_model,
+            num_heads,
+            dropout=dropout,
+            backend=backend,
+            num_kv_heads=num_kv_heads,
+            rope_base=rope_base,
+        )
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
@@ -340,6 +353,8 @@ class Encoder(nn.Module):
         d_ff: hidden width of the feed-forward blocks; defaults to ``4 * d_model``.
         dropout: dropout probability (``train()`` only).
         backend: attention backend of every layer (see :class:`EncoderLayer`).
+        num_kv_heads: key/value heads of every layer (see :class:`EncoderLayer`).
+        rope_base: RoPE base of every layer (see :class:`EncoderLayer`).
 
     Shapes:
         - x: ``(B, L, d_model)``
@@ -357,12 +372,22 @@ class Encoder(nn.Module):
         dropout: float = 0.0,
         *,
         backend: str = "lib",
+        num_kv_heads: int | None = None,
+        rope_base: float | None = None,
     ) -> None:
         super().__init__()
         check_int("num_layers", num_layers, minimum=1)
         self.d_model = check_int("d_model", d_model, minimum=1)
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, num_heads, d_ff, dropout, backend=backend)
+            EncoderLayer(
+                d_model,
+                num_heads,
+                d_ff,
+                dropout,
+                backend=backend,
+                num_kv_heads=num_kv_heads,
+                rope_base=rope_base,
+            )
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model)

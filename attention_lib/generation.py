@@ -7,6 +7,8 @@ the ``top_k`` largest, and draws from their softmax.
 
 With ``use_cache=True`` the prompt runs through the model once and fills a
 :class:`~attention_lib.KVCache`; every later step feeds only the newest token.
+A model with a sliding window gets a rolling cache of ``window`` tokens
+(chapter 10).
 Without it, every step runs the whole sequence again. Both give the same
 tokens; the cache makes a step cost ``O(T)`` instead of ``O(T^2)`` attention
 work and ``O(1)`` instead of ``O(T)`` projections and feed-forward work.
@@ -132,7 +134,7 @@ def generate(
     try:
         with trusted_inputs():  # checked once above: every step runs unchecked
             tokens = prompt
-            cache = KVCache() if use_cache else None
+            cache = KVCache(window=model.window) if use_cache else None  # rolling with a window
             new = prompt  # what the model has not seen yet
             for _ in range(max_new_tokens):
                 logits = model._forward(new if use_cache else tokens, cache)  # (B, L, V)

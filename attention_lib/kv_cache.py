@@ -12,6 +12,10 @@ Layout: one :class:`LayerKVCache` per attention layer, holding ``key`` and
 ``value`` tensors of shape ``(B, H_kv, T, d_k)`` (``H_kv`` is the number of
 key/value heads, equal to the number of heads in plain multi-head attention).
 
+A **rolling** cache (``KVCache(window=w)``, chapter 10) keeps only the keys and
+values of the last ``w`` tokens, so its size stops growing: a model with a
+sliding window of ``w`` never looks further back.
+
 Explained in chapter 9, *Attention that writes*.
 """
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from ._checks import check_int
 
 
 def _nbytes(t: Tensor | None) -> int:
@@ -33,18 +39,33 @@ class LayerKVCache:
 
     Explained in chapter 9, *Attention that writes*.
 
+    Args:
+        window: keep only the last ``window`` positions (a rolling cache for
+            sliding-window attention, chapter 10); ``None`` keeps all.
+
     Attributes:
         key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
         value: ``(B, H_kv, T, d_k)`` cached values, or ``None`` while empty.
+        window: the rolling window, or ``None``.
+        dropped: how many of the oldest positions a rolling cache has dropped;
+            the cached keys belong to positions ``dropped .. dropped + T - 1``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, window: int | None = None) -> None:
         self.key: Tensor | None = None
         self.value: Tensor | None = None
+        self.window = None if window is None else check_int("window", window, minimum=1)
+        self.dropped = 0
 
     def __len__(self) -> int:
         """The number of positions ``T`` stored."""
         return 0 if self.key is None else self.key.shape[-2]
+
+    @property
+    def position(self) -> int:
+        """The number of positions appended so far (kept or dropped): the
+        position of the next token."""
+        return self.dropped + len(self)
 
     @property
     def nbytes(self) -> int:
@@ -62,14 +83,21 @@ class LayerKVCache:
 
         Returns:
             ``(key, value)``, each ``(B, H_kv, T + L_new, d_k)``: the cached
-            positions first, then the new ones.
+            positions first, then the new ones. A rolling cache returns them
+            all too (the first new queries may need older keys than the last
+            ones), but keeps only the last ``window``.
         """
-        if self.key is None or self.value is None:
-            self.key, self.value = key, value
-        else:
-            self.key = torch.cat([self.key, key], dim=-2)  # (B, H_kv, T + L_new, d_k)
-            self.value = torch.cat([self.value, value], dim=-2)
-        return self.key, self.value
+        if self.key is not None and self.value is not None:
+            key = torch.cat([self.key, key], dim=-2)  # (B, H_kv, T + L_new, d_k)
+            value = torch.cat([self.value, value], dim=-2)
+        self.key, self.value = key, value
+        if self.window is not None and len(self) > self.window:
+            drop = len(self) - self.window
+            # clone: a slice would keep the whole concatenation alive
+            self.key = key[..., drop:, :].clone()  # (B, H_kv, window, d_k)
+            self.value = value[..., drop:, :].clone()
+            self.dropped += drop
+        return key, value
 
 
 class KVCache:
@@ -81,8 +109,14 @@ class KVCache:
 
     Explained in chapter 9, *Attention that writes*.
 
+    Args:
+        window: keep only the last ``window`` tokens in every layer (a rolling
+            cache for a model with a sliding window, chapter 10); ``None``
+            keeps all.
+
     Attributes:
         layers: one :class:`LayerKVCache` per attention layer (created on first use).
+        window: the rolling window, or ``None``.
 
     Example:
         >>> cache = KVCache()
@@ -90,18 +124,25 @@ class KVCache:
         (0, 0)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, window: int | None = None) -> None:
         self.layers: list[LayerKVCache] = []
+        self.window = None if window is None else check_int("window", window, minimum=1)
 
     def layer(self, index: int) -> LayerKVCache:
         """The cache of layer ``index`` (created empty the first time it is asked for)."""
         while len(self.layers) <= index:
-            self.layers.append(LayerKVCache())
+            self.layers.append(LayerKVCache(self.window))
         return self.layers[index]
 
     def __len__(self) -> int:
         """The number of tokens stored (the same in every layer)."""
         return len(self.layers[0]) if self.layers else 0
+
+    @property
+    def position(self) -> int:
+        """The number of tokens seen so far (stored or, by a rolling cache,
+        dropped): the position of the next token."""
+        return self.layers[0].position if self.layers else 0
 
     @property
     def nbytes(self) -> int:
@@ -110,4 +151,7 @@ class KVCache:
         return sum(layer.nbytes for layer in self.layers)
 
     def __repr__(self) -> str:
-        return f"KVCache(layers={len(self.layers)}, tokens={len(self)}, nbytes={self.nbytes})"
+        window = "" if self.window is None else f"window={self.window}, "
+        return (
+            f"KVCache({window}layers={len(self.layers)}, tokens={len(self)}, nbytes={self.nbytes})"
+        )

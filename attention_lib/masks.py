@@ -24,7 +24,11 @@ from ._checks import check_int, check_integer_tensor, check_mask
 
 
 def causal_mask(
-    q_len: int, k_len: int | None = None, *, device: torch.device | str | None = None
+    q_len: int,
+    k_len: int | None = None,
+    *,
+    window: int | None = None,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     """Causal keep-mask: query ``i`` may attend to keys ``0 .. i``.
 
@@ -33,34 +37,52 @@ def causal_mask(
     when ``q_len != k_len``: with more queries than keys the last queries see every
     key, with fewer queries they see only the first keys.
 
-    Explained in chapter 5, *Masking*.
+    With a ``window``, query ``i`` sees only itself and the ``window - 1`` keys
+    before it, ``i - window < j <= i``: a sliding window, the definition of
+    🤗 transformers' ``sliding_window_causal_mask_function`` (Mistral-style
+    models).
+
+    Explained in chapter 5, *Masking*; sliding windows in chapter 10,
+    *Attention in today's LLMs*.
 
     Args:
         q_len: number of queries ``Lq``.
         k_len: number of keys ``Lk``; defaults to ``q_len``.
+        window: sliding-window length ``w >= 1``; ``None`` (default) for the
+            plain causal mask.
         device: device of the returned mask.
 
     Returns:
         Bool keep-mask of shape ``(q_len, k_len)``; ``True`` = may attend.
 
     Raises:
-        TypeError: if a length is not an int.
-        ValueError: if a length is negative.
+        TypeError: if a length or ``window`` is not an int.
+        ValueError: if a length is negative or ``window < 1``.
 
     Example:
         >>> causal_mask(3)
         tensor([[ True, False, False],
                 [ True,  True, False],
                 [ True,  True,  True]])
+        >>> causal_mask(4, window=2).int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 1, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
     """
     q_len = check_int("q_len", q_len, minimum=0)
     k_len = q_len if k_len is None else check_int("k_len", k_len, minimum=0)
-    return _causal(q_len, k_len, device)
+    if window is not None:
+        check_int("window", window, minimum=1)
+    return _causal(q_len, k_len, device, window)
 
 
-def _causal(q_len: int, k_len: int, device: torch.device | str | None) -> Tensor:
+def _causal(
+    q_len: int, k_len: int, device: torch.device | str | None, window: int | None = None
+) -> Tensor:
     """:func:`causal_mask` without the checks."""
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()  # (Lq, Lk)
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()  # (Lq, Lk)
+    return keep if window is None else keep.triu(1 - window)  # ... and j > i - window
 
 
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) -> Tensor:

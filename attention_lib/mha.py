@@ -20,6 +20,7 @@ from ._checks import (
 from .backends import BACKENDS
 from .kv_cache import LayerKVCache
 from .masks import to_bool
+from .rope import _check_base, _rope_cos_sin, _rotate_pairs
 from .sdpa import _attention
 from .tiled import _check_block_size
 
@@ -59,6 +60,18 @@ class MultiHeadAttention(nn.Module):
     A fused kernel cannot return the attention weights, so
     ``need_weights=True`` always uses the lib computation, whatever the backend.
 
+    **Grouped-query attention and RoPE** (chapter 10). With ``num_kv_heads``
+    below ``num_heads``, ``W_k`` and ``W_v`` have only ``num_kv_heads * d_k``
+    outputs, and query head ``h`` reads key/value head
+    ``h // (num_heads // num_kv_heads)`` (grouped-query attention; ``1`` is
+    multi-query attention). The query heads of a group are attended as one
+    extra dim against their shared head, which is never copied, and a
+    ``kv_cache`` stores only the ``num_kv_heads`` heads. With ``rope_base``, the
+    queries and keys are rotated by :func:`~attention_lib.apply_rope` after the
+    split into heads, at positions ``0, 1, ...`` (continued after the cached
+    positions with a ``kv_cache``). :meth:`from_hf_llama` builds the module of a
+    🤗 transformers ``LlamaAttention``.
+
     Args:
         d_model: model width; divisible by ``num_heads``.
         num_heads: number of heads ``H``.
@@ -70,17 +83,23 @@ class MultiHeadAttention(nn.Module):
         block_size: for ``backend="tiled"`` only: the ``block_size`` of
             :func:`~attention_lib.tiled.tiled_attention` (an int or a pair
             ``(block_q, block_k)``); ``None`` keeps its default.
+        num_kv_heads: number of key/value heads; divides ``num_heads``.
+            ``None`` (default) means ``num_heads`` (plain multi-head attention).
+        rope_base: apply rotary position embeddings with this base (10000 in
+            Llama 2) to queries and keys; ``None`` (default) for none.
         device: device of the parameters.
         dtype: dtype of the parameters.
 
     Attributes:
         W_q: query projection, ``nn.Linear(d_model, d_model)``.
-        W_k: key projection, ``nn.Linear(d_model, d_model)``.
-        W_v: value projection, ``nn.Linear(d_model, d_model)``.
+        W_k: key projection, ``nn.Linear(d_model, num_kv_heads * d_k)``.
+        W_v: value projection, ``nn.Linear(d_model, num_kv_heads * d_k)``.
         W_o: output projection, ``nn.Linear(d_model, d_model)``.
         d_model: model width.
         num_heads: number of heads ``H``.
+        num_kv_heads: number of key/value heads ``H_kv``.
         d_k: width of one head, ``d_model // num_heads``.
+        rope_base: the RoPE base, or ``None``.
         dropout: dropout probability on the attention weights.
         backend: name of the attention backend (assigning another name switches
             backend; an unknown name raises ``ValueError``).
@@ -91,8 +110,10 @@ class MultiHeadAttention(nn.Module):
             ``dropout`` is not a number, ``bias`` not a bool or ``backend`` not
             a str.
         ValueError: if ``d_model % num_heads != 0``, ``dropout`` is outside
-            ``[0, 1)``, ``backend`` is unknown, or ``block_size`` is below 1 or
-            given for a backend other than ``"tiled"``.
+            ``[0, 1)``, ``backend`` is unknown, ``block_size`` is below 1 or
+            given for a backend other than ``"tiled"``, ``num_kv_heads`` does
+            not divide ``num_heads``, or ``rope_base`` is given with an odd
+            ``d_k`` or is not a number ``> 1``.
 
     Shapes:
         - query: ``(B, Lq, d_model)``
@@ -101,6 +122,7 @@ class MultiHeadAttention(nn.Module):
           :func:`~attention_lib.padding_mask` ``(B, 1, 1, Lk)``
         - output: ``(B, Lq, d_model)``
         - weights: ``(B, H, Lq, Lk)``
+        - kv_cache keys and values: ``(B, H_kv, T, d_k)``
     """
 
     def __init__(
@@ -112,6 +134,8 @@ class MultiHeadAttention(nn.Module):
         *,
         backend: str = "lib",
         block_size: int | tuple[int, int] | None = None,
+        num_kv_heads: int | None = None,
+        rope_base: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -124,9 +148,26 @@ class MultiHeadAttention(nn.Module):
                 f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
             )
         check_bool("bias", bias)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_int("num_kv_heads", num_kv_heads, minimum=1)
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads must divide num_heads (each key/value head serves a group "
+                f"of query heads), got num_heads={num_heads} and num_kv_heads={num_kv_heads}"
+            )
         self.d_model = d_model
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.d_k = d_model // num_heads
+        if rope_base is not None:
+            _check_base(rope_base)
+            if self.d_k % 2:
+                raise ValueError(
+                    f"rope_base needs an even head width d_k (RoPE turns coordinate "
+                    f"pairs), got d_k = d_model // num_heads = {self.d_k}"
+                )
+            rope_base = float(rope_base)
+        self.rope_base = rope_base
         self.dropout = check_dropout_p(dropout, name="dropout")
         self.backend = backend  # checked by the property's setter
         if block_size is not None:
@@ -138,8 +179,9 @@ class MultiHeadAttention(nn.Module):
         self.block_size = block_size
         factory = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_model, d_model, bias=bias, **factory)
-        self.W_k = nn.Linear(d_model, d_model, bias=bias, **factory)
-        self.W_v = nn.Linear(d_model, d_model, bias=bias, **factory)
+        kv_width = num_kv_heads * self.d_k
+        self.W_k = nn.Linear(d_model, kv_width, bias=bias, **factory)
+        self.W_v = nn.Linear(d_model, kv_width, bias=bias, **factory)
         self.W_o = nn.Linear(d_model, d_model, bias=bias, **factory)
 
     @property
@@ -158,9 +200,11 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         block = "" if self.block_size is None else f", block_size={self.block_size}"
+        kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
+        rope = "" if self.rope_base is None else f", rope_base={self.rope_base}"
         return (
-            f"d_model={self.d_model}, num_heads={self.num_heads}, "
-            f"dropout={self.dropout}, backend={self.backend!r}{block}"
+            f"d_model={self.d_model}, num_heads={self.num_heads}{kv}, "
+            f"dropout={self.dropout}, backend={self.backend!r}{block}{rope}"
         )
 
     def forward(
@@ -239,21 +283,32 @@ class MultiHeadAttention(nn.Module):
         """:meth:`forward` without the checks: ``keep`` is ``None`` or a bool
         keep-mask (see :meth:`_check_inputs`)."""
         batch, q_len, _ = query.shape
-        q, k, v = self._project(query, key, value)  # (B, H, Lq, d_k), 2 x (B, H, Lk, d_k)
+        q, k, v = self._project(query, key, value)  # (B, H, Lq, d_k), 2 x (B, H_kv, Lk, d_k)
+        if self.rope_base is not None:
+            past = 0 if kv_cache is None else kv_cache.position  # positions already cached
+            q, k = self._rotate(q, k, past)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, H, T + Lk, d_k): cached keys first
+            k, v = kv_cache.update(k, v)  # (B, H_kv, T + Lk, d_k): cached keys first
         dropout_p = self.dropout if self.training else 0.0
+        group = self.num_heads // self.num_kv_heads
+        if group > 1:  # each K/V head serves `group` query heads: a broadcast dim, no copy
+            q = q.unflatten(1, (self.num_kv_heads, group))  # (B, H_kv, G, Lq, d_k)
+            k, v = k.unsqueeze(2), v.unsqueeze(2)  # (B, H_kv, 1, Lk, d_k)
+            keep = _group_heads(keep, self.num_kv_heads, group)
 
         weights = None
         if need_weights:  # a fused kernel cannot return the weights: the lib computation
             attended, weights = _attention(
                 q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=None
-            )  # (B, H, Lq, d_k), (B, H, Lq, Lk)
+            )  # (B, H, Lq, d_k), (B, H, Lq, Lk); grouped: (B, H_kv, G, ...)
+            weights = weights.flatten(1, 2) if group > 1 else weights  # (B, H, Lq, Lk)
         else:
             options = {} if self.block_size is None else {"block_size": self.block_size}
             attended = BACKENDS[self.backend](
                 q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=None, **options
             )  # (B, H, Lq, d_k)
+        if group > 1:
+            attended = attended.flatten(1, 2)  # (B, H_kv, G, Lq, d_k) -> (B, H, Lq, d_k)
         merged = attended.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, Lq, d_model)
         output = self.W_o(merged)  # (B, Lq, d_model)
         return (output, weights) if need_weights else output
@@ -267,16 +322,32 @@ class MultiHeadAttention(nn.Module):
             bias = None
             if self.W_q.bias is not None:
                 bias = torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])  # (3 d,)
-            q, k, v = F.linear(query, weight, bias).chunk(3, dim=-1)  # 3 x (B, L, d_model)
+            widths = [self.d_model, self.W_k.out_features, self.W_v.out_features]
+            q, k, v = F.linear(query, weight, bias).split(widths, dim=-1)  # (B, L, width)
         else:
-            q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, d_model)
-        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, width)
+        kv_heads = self.num_kv_heads
+        q = self._split_heads(q, self.num_heads)  # (B, H, Lq, d_k)
+        return (
+            q,
+            self._split_heads(k, kv_heads),
+            self._split_heads(v, kv_heads),
+        )  # (B, H_kv, Lk, d_k)
 
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """``(B, L, d_model) -> (B, H, L, d_k)`` without copying."""
+    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
+        """``(B, L, heads * d_k) -> (B, heads, L, d_k)`` without copying."""
         batch, length, _ = x.shape
-        x = x.view(batch, length, self.num_heads, self.d_k)  # (B, L, H, d_k)
-        return x.transpose(1, 2)  # (B, H, L, d_k)
+        x = x.view(batch, length, heads, self.d_k)  # (B, L, heads, d_k)
+        return x.transpose(1, 2)  # (B, heads, L, d_k)
+
+    def _rotate(self, q: Tensor, k: Tensor, past: int) -> tuple[Tensor, Tensor]:
+        """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` at
+        positions ``past, past + 1, ...``."""
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        positions = torch.arange(past, past + max(q_len, k_len), device=q.device)
+        cos, sin = _rope_cos_sin(positions, self.d_k, base=self.rope_base, dtype=q.dtype)
+        q = _rotate_pairs(q, cos[:q_len], sin[:q_len])  # (B, H, Lq, d_k)
+        return q, _rotate_pairs(k, cos[:k_len], sin[:k_len])  # (B, H_kv, Lk, d_k)
 
     def _check_inputs(
         self,
@@ -354,10 +425,10 @@ class MultiHeadAttention(nn.Module):
                 f"kv_cache must be a LayerKVCache or None, got {type(kv_cache).__name__}"
             )
         cached = kv_cache.key
-        if cached is not None and cached.shape[:2] != (batch, self.num_heads):
+        if cached is not None and cached.shape[:2] != (batch, self.num_kv_heads):
             raise ValueError(
-                f"kv_cache holds keys of shape {tuple(cached.shape)} (B, H, T, d_k), "
-                f"which do not fit B={batch} and H={self.num_heads}"
+                f"kv_cache holds keys of shape {tuple(cached.shape)} (B, H_kv, T, d_k), "
+                f"which do not fit B={batch} and H_kv={self.num_kv_heads}"
             )
         return len(kv_cache)
 
@@ -430,3 +501,101 @@ class MultiHeadAttention(nn.Module):
             if ours.W_o.bias is not None:
                 ours.W_o.bias.copy_(module.out_proj.bias)
         return ours.train(module.training)
+
+    @classmethod
+    def from_hf_llama(cls, module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
+        """Build the module that computes the same function as a 🤗 transformers
+        ``LlamaAttention`` (tiny configurations with random weights are enough).
+
+        Copies ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` into ``W_q``,
+        ``W_k``, ``W_v`` and ``W_o``, and reads ``num_key_value_heads`` and the
+        RoPE base (``rope_parameters["rope_theta"]``) from the module's config.
+        transformers' layer takes the rotary ``position_embeddings`` and the mask
+        from its caller; this module computes the rotations itself, for positions
+        ``0 .. L-1`` (continued after a ``kv_cache``), and takes a keep-mask (pass
+        ``is_causal=True`` for the decoder's causal mask, or
+        :func:`~attention_lib.causal_mask` with ``window`` for a Mistral-style
+        sliding window). Other layers with Llama's layout (``MistralAttention``)
+        are read the same way; transformers itself is not imported.
+
+        Explained in chapter 10, *Attention in today's LLMs*.
+
+        Args:
+            module: a ``transformers.models.llama.modeling_llama.LlamaAttention``
+                with the default RoPE, ``head_dim * num_attention_heads ==
+                hidden_size``, and a bias in all four projections or in none.
+            backend: attention backend of the new module.
+
+        Returns:
+            A new :class:`~attention_lib.MultiHeadAttention` with copied
+            parameters, in the training/eval mode of ``module``.
+
+        Raises:
+            TypeError: if ``module`` does not have LlamaAttention's projections
+                and config.
+            ValueError: if it uses a feature this class does not have (a scaled
+                RoPE type, a head width other than ``hidden_size // heads``, or
+                biases in some projections only).
+        """
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        config = getattr(module, "config", None)
+        if not all(isinstance(getattr(module, n, None), nn.Linear) for n in names) or not all(
+            hasattr(config, a)
+            for a in (
+                "num_attention_heads",
+                "num_key_value_heads",
+                "hidden_size",
+                "rope_parameters",
+            )
+        ):
+            raise TypeError(
+                "module must be a transformers LlamaAttention (nn.Linear q_proj, k_proj, "
+                f"v_proj, o_proj and a LlamaConfig), got {type(module).__name__}"
+            )
+        heads, d_model = config.num_attention_heads, config.hidden_size
+        if module.head_dim * heads != d_model:
+            raise ValueError(
+                f"module must have head_dim * num_attention_heads == hidden_size, got "
+                f"head_dim={module.head_dim}, num_attention_heads={heads}, "
+                f"hidden_size={d_model}"
+            )
+        rope = config.rope_parameters
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"module must use the default RoPE, got rope_type={rope['rope_type']!r}"
+            )
+        projections = [getattr(module, n) for n in names]
+        has_bias = {p.bias is not None for p in projections}
+        if len(has_bias) != 1:
+            raise ValueError(
+                "module must have a bias in all four projections or in none, got "
+                + ", ".join(f"{n}: {p.bias is not None}" for n, p in zip(names, projections))
+            )
+        weight = module.q_proj.weight
+        ours = cls(
+            d_model,
+            heads,
+            dropout=float(config.attention_dropout),
+            bias=has_bias.pop(),
+            backend=backend,
+            num_kv_heads=config.num_key_value_heads,
+            rope_base=float(rope["rope_theta"]),
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            for linear, theirs in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), projections):
+                linear.weight.copy_(theirs.weight)
+                if linear.bias is not None:
+                    linear.bias.copy_(theirs.bias)
+        return ours.train(module.training)
+
+
+def _group_heads(keep: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
+    """A keep-mask for the scores ``(B, H, Lq, Lk)`` reshaped for grouped heads
+    ``(B, H_kv, G, Lq, Lk)``: a per-head mask is split, the others broadcast."""
+    if keep is None or keep.dim() < 4:
+        return keep  # (Lq, Lk) broadcasts as it is
+    if keep.shape[1] == 1:
+        return keep.unsqueeze(2)  # (B, 1, 1, Lq, Lk)
+    return keep.unflatten(1, (kv_heads, group))  # (B, H_kv, G, Lq, Lk)

@@ -117,8 +117,6 @@ CLAIM = re.compile(r"Explained in (.*?)(?:\n\s*\n|$)", re.S)  # up to the paragr
 # Claims in modules that other engineers are still changing; remove an entry when
 # its claim becomes true (or is reworded). Temporary, like test_book_structure's PENDING.
 PENDING_CLAIMS = {
-    # chapter 10 (ch10)
-    ("attention_lib.kv_memory.ModelShape", 10),
     # the display kit (screen)
     ("attention_lib.show.explorer.figure_to_png", 1),
     ("attention_lib.show.explorer.SliderExplorer", 1),
