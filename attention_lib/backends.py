@@ -11,7 +11,7 @@ with ``q (B, H, Lq, d_k)``, ``k (B, H, Lk, d_k)``, ``v (B, H, Lk, d_k)``,
 to ``(B, H, Lq, Lk)`` and not yet combined with ``is_causal``, and ``output
 (B, H, Lq, d_k)``. The module has validated every argument before the call, so
 the ``"lib"`` and ``"torch"`` backends check nothing (``"tiled"`` is the public
-:func:`~attention_lib.tiled_attention`, which checks its arguments once more).
+:func:`~attention_lib.tiled.tiled_attention`, which checks its arguments once more).
 
 * ``"lib"``: this package's :func:`~attention_lib.scaled_dot_product_attention`
   (readable; chapter 4);
