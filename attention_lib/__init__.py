@@ -50,6 +50,11 @@ from .tiled import (  # noqa: E402
 
 __all__ += ["online_softmax", "online_softmax_update", "OnlineSoftmaxState", "tiled_attention"]
 
+# --- counting tensor memory (chapter 8)
+from .memory import TensorMemory  # noqa: E402
+
+__all__ += ["TensorMemory"]
+
 # --- a small Transformer encoder and a toy task (chapter 7)
 from .encoder import (  # noqa: E402
     Encoder,

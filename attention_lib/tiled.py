@@ -565,32 +565,44 @@ def _tiled_backward(
     FlashAttention-2's order: the key block is the outer loop (so each key
     block's ``dK`` and ``dV`` stay local), the query block the inner one.
     """
-    n, q_len, _ = q.shape
+    n, q_len, d_k = q.shape
     k_len = k.shape[1]
-    q2 = q * (tiles.scale * _LOG2_E)  # (N, Lq, d_k): scores in base-2 units
     # P = exp2(s - lse). A row that sees no key has lse = -inf; +inf makes its
     # P = exp2(-inf - inf) = 0 instead of NaN, so its gradients are zero.
     lse = lse.masked_fill(lse == _NEG_INF, float("inf"))  # (N, Lq, 1)
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # D = rowsum(dO * O), (N, Lq, 1)
     grad_q = torch.zeros_like(q)  # (N, Lq, d_k)
-    grad_k = torch.zeros_like(k)  # (N, Lk, d_k)
-    grad_v = torch.zeros_like(v)  # (N, Lk, d_v)
+    grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)  # (N, Lk, d_k), (N, Lk, d_v)
+    # Reused buffers: the tiles P and dP (which becomes dS in place), and one
+    # query block's share of dQ. Matmuls write into contiguous buffers only: one
+    # that adds into a strided slice of a bigger tensor takes a slow path.
+    tile = n * min(tiles.block_q, q_len) * min(tiles.block_k, k_len)
+    buffers = q.new_empty(2, tile)
+    grad_q_tile = q.new_empty(n * min(tiles.block_q, q_len) * d_k)
     for k_start in range(0, k_len, tiles.block_k):
         k_end = min(k_start + tiles.block_k, k_len)
         k_block, v_block = k[:, k_start:k_end], v[:, k_start:k_end]  # (N, bk, d_k), (N, bk, d_v)
-        grad_k_block, grad_v_block = grad_k[:, k_start:k_end], grad_v[:, k_start:k_end]  # views
+        grad_k_block, grad_v_block = torch.zeros_like(k_block), torch.zeros_like(v_block)
         q_stop = tiles.query_stop(k_end, q_len)
         for q_start in range(tiles.first_query(k_start), q_stop, tiles.block_q):
             q_end = min(q_start + tiles.block_q, q_len)
-            rows = slice(q_start, q_end)
-            scores = torch.bmm(q2[:, rows], k_block.transpose(1, 2))  # (N, bq, bk)
-            _hide_blocked(scores, tiles.keep_tile(keep, q_start, q_end, k_start, k_end, n))
-            probs = torch.exp2(scores.sub_(lse[:, rows]), out=scores)  # P, (N, bq, bk)
+            rows, shape = slice(q_start, q_end), (n, q_end - q_start, k_end - k_start)
+            probs, grad_scores = (b[: math.prod(shape)].view(shape) for b in buffers)
+            # scores in base-2 units, (N, bq, bk); beta=0 ignores the old contents
+            probs.baddbmm_(
+                q[:, rows], k_block.transpose(1, 2), beta=0.0, alpha=tiles.scale * _LOG2_E
+            )
+            _hide_blocked(probs, tiles.keep_tile(keep, q_start, q_end, k_start, k_end, n))
+            torch.exp2(probs.sub_(lse[:, rows]), out=probs)  # P, recomputed from lse
             grad_v_block.baddbmm_(probs.transpose(1, 2), grad_out[:, rows])  # dV += P^T dO
-            grad_probs = torch.bmm(grad_out[:, rows], v_block.transpose(1, 2))  # dP = dO V^T
-            grad_scores = grad_probs.sub_(delta[:, rows]).mul_(probs)  # dS = P * (dP - D)
-            grad_q[:, rows].baddbmm_(grad_scores, k_block, alpha=tiles.scale)  # dQ += dS K s
+            torch.bmm(grad_out[:, rows], v_block.transpose(1, 2), out=grad_scores)  # dP = dO V^T
+            grad_scores.sub_(delta[:, rows]).mul_(probs)  # dS = P * (dP - D)
+            grad_q_block = grad_q_tile[: n * (q_end - q_start) * d_k].view(n, q_end - q_start, d_k)
+            torch.bmm(grad_scores, k_block, out=grad_q_block)
+            grad_q[:, rows].add_(grad_q_block, alpha=tiles.scale)  # dQ += dS K scale
             grad_k_block.baddbmm_(grad_scores.transpose(1, 2), q[:, rows], alpha=tiles.scale)
+        grad_k[:, k_start:k_end] = grad_k_block  # dK = sum over query blocks of dS^T Q scale
+        grad_v[:, k_start:k_end] = grad_v_block
     return grad_q, grad_k, grad_v
 
 
