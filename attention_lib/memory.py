@@ -20,8 +20,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["TensorMemory"]
-
 _MiB = 2**20
 
 

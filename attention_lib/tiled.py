@@ -33,7 +33,6 @@ from torch.autograd.function import once_differentiable
 from ._checks import check_attention_args, check_dropout_p, check_int, check_tensor
 from .masks import as_keep_mask
 
-
 #: Default ``(block_q, block_k)`` of :func:`tiled_attention`: a ``(B*H, 256, 256)``
 #: float32 score tile is 2 MiB for 8 heads, small enough to stay in the CPU's
 #: caches and large enough that each matmul does real work (chosen with

@@ -32,7 +32,6 @@ from attention_lib import tiled as tiled_module
 from attention_lib.backends import BACKENDS
 from attention_lib.tiled import DEFAULT_BLOCK_SIZE
 
-
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
