@@ -8,12 +8,15 @@ frames measured).
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
+from urllib.parse import unquote, urlparse
 
-from bookpages import NOTEBOOK_PAGES, built_html, source_path
+from bookpages import HTML_DIR, NOTEBOOK_PAGES, built_html, source_path
 from bs4 import BeautifulSoup
 
-from attention_lib.show.style import COLUMN_PX
+from attention_lib.show.style import COLUMN_PX, MIN_FONT_PT, MIN_TEXT_PX, text_css_px
 
 # myst-nb's MIME priority for the html builder, with the widget view dropped as in
 # _config.yml (nb_mime_priority_overrides): the first type a bundle has is rendered.
@@ -83,6 +86,33 @@ def test_every_stored_figure_is_visible(loaded, notebook: str) -> None:
         assert box and box["width"] > 0 and box["height"] > 0, f"{notebook}: figure {i} has no size"
 
 
+# The figures a reader sees at 1280 px: every static figure, and the frame each explorer
+# shows (its explorer records the smallest font of its frames, in points).
+SHOWN_FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')]
+    .filter(i => i.offsetParent !== null && i.getBoundingClientRect().width > 0)
+    .map(i => {
+        const ex = i.closest('.afs-explorer');
+        return {src: i.currentSrc || i.src, natural: i.naturalWidth,
+                shown: i.getBoundingClientRect().width, alt: i.alt,
+                font: ex ? ex.dataset.smallestFontPt ?? null : 'static'};
+    })"""
+
+
+def png_dpi(data: bytes) -> float | None:
+    """The resolution a PNG was saved at (its pHYs chunk), in dots per inch."""
+    at = data.find(b"pHYs")
+    if at < 0:
+        return None
+    x, _, unit = struct.unpack(">IIB", data[at + 4 : at + 13])
+    return x * 0.0254 if unit == 1 else None
+
+
+def image_bytes(src: str) -> bytes:
+    if src.startswith("data:"):
+        return base64.b64decode(src.split(",", 1)[1])
+    return (HTML_DIR / unquote(urlparse(src).path).lstrip("/")).read_bytes()
+
+
 def test_book_column_is_the_width_the_figure_rules_assume(loaded) -> None:
     page = loaded(NOTEBOOK_PAGES[0]).page
     width = page.evaluate("""() => { const a = document.querySelector('article.bd-article');
@@ -92,3 +122,28 @@ def test_book_column_is_the_width_the_figure_rules_assume(loaded) -> None:
         f"the text column is {width} px wide at 1280 px, attention_lib.show.style.COLUMN_PX "
         f"says {COLUMN_PX}: update it (the figure rules size figures for it)"
     )
+
+
+def test_figure_text_is_legible_on_a_desktop(loaded, notebook: str) -> None:
+    page = loaded(notebook).page
+    show_all_figures(page)
+    small = []
+    for fig in page.evaluate(SHOWN_FIGURES_JS):
+        where = fig["alt"][:40] or fig["src"].rsplit("/", 1)[-1][:24]
+        dpi = png_dpi(image_bytes(fig["src"]))
+        if dpi is None:
+            small.append(f"{where}: no resolution recorded in the PNG")
+            continue
+        # Static figures follow the book's rule (use_book_style, attention_lib's plots):
+        # no font below MIN_FONT_PT. An explorer measured its frames and says so.
+        if fig["font"] in (None, ""):
+            small.append(f"{where}: explorer made before the figure rules (re-execute)")
+            continue
+        font = MIN_FONT_PT if fig["font"] == "static" else float(fig["font"])
+        px = text_css_px(font, dpi, fig["natural"], fig["shown"])
+        if px < MIN_TEXT_PX - 0.05:
+            small.append(
+                f"{where}: {font:g} pt at {dpi:.0f} dpi shown at "
+                f"{fig['shown']:.0f}/{fig['natural']} px = {px:.1f} CSS px"
+            )
+    assert not small, f"{notebook}: figure text below {MIN_TEXT_PX:g} CSS px: {small}"

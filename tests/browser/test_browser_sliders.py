@@ -1,9 +1,10 @@
 """The kernel-free slider explorers (attention_lib.explorer) work in the built book.
 
-Each `.afs-explorer` holds one `input.afs-slider[data-param]` per parameter, one
-`.afs-label` ("name = value", or "a = 1, b = 2") and one `img.afs-frame` per combination,
-of which exactly one is shown. A reader moves a slider with the keyboard or the mouse;
-the shown frame and the label must follow, with no kernel and no network.
+Each `.afs-explorer` holds one `input.afs-slider[data-param]` per parameter with its
+"k / N" position, one `.afs-label` ("name = value", "a = 1, b = 2" or the chapter's own
+wording) and one `img.afs-frame` per combination, of which exactly one is shown. A reader
+moves a slider with the keyboard or the mouse; the shown frame, the position and the
+label must follow, with no kernel and no network.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ STATE_JS = """(ex) => {
     });
     return {
         label: ex.querySelector('.afs-label').textContent.trim(),
+        positions: [...ex.querySelectorAll('.afs-position')].map(p => p.textContent.trim()),
         shown: shown.map(f => ({index: f.dataset.index, alt: f.alt, src: hash(f.src),
                                 natural: f.naturalWidth * f.naturalHeight})),
     };
@@ -83,8 +85,17 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
             last = int(slider.get_attribute("max"))
             where = f"{slider_page} explorer {e} slider {param!r}"
             assert last >= 1, f"{where} has a single value: nothing to explore"
+            box = slider.bounding_box()
+            assert box["height"] >= 24 and box["width"] >= 100, (
+                f"{where}: the slider is {box['width']:.0f} x {box['height']:.0f} px; a touch "
+                "target needs 24 px (WCAG 2.5.8)"
+            )
             state = ex.evaluate(STATE_JS)
             check_state(state, where)
+            at = int(slider.input_value())  # the start frame the chapter chose
+            assert state["positions"][s : s + 1] == [f"{at + 1} / {last + 1}"], (
+                f"{where}: position {state['positions']} at value {at}"
+            )
             sources = {state["shown"][0]["src"]}
             # Keyboard: the reader tabs to the slider, goes Home (an explorer may start on a
             # later value, explore(start=...)), and presses the right arrow to the end.
@@ -107,11 +118,10 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
                 assert state["label"] != before["label"], (
                     f"{where}: label stuck at {state['label']!r}"
                 )
-                assert f"{param} = " in state["label"], f"{where}: label {state['label']!r}"
+                assert state["positions"][s] == f"{step + 1} / {last + 1}", state["positions"]
                 sources.add(frame["src"])
             assert len(sources) >= 2, f"{where}: every position shows the same picture"
             # Mouse: a click at the left end of the track takes it back to the first value.
-            box = slider.bounding_box()
             before = state
             page.mouse.click(box["x"] + 2, box["y"] + box["height"] / 2)
             assert slider.input_value() == "0", f"{where}: a click on the track did not move it"
