@@ -317,7 +317,7 @@ class MultiHeadAttention(nn.Module):
         """``W_q``, ``W_k``, ``W_v``, then split into heads: ``(B, L, d_model) -> (B, H, L, d_k)``."""
         if query is key and key is value:
             # Self-attention: one matmul with the three weight matrices stacked does
-            # the work of three with less overhead (nn.MultiheadAttention does the same).
+            # the work of three (chapter 6; nn.MultiheadAttention does the same).
             weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 d, d)
             bias = None
             if self.W_q.bias is not None:
