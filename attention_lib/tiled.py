@@ -167,7 +167,9 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
     second pass writes ``exp(x - m) / l``. The result equals ``torch.softmax``
     (also its ``NaN`` for a row that is ``-inf`` everywhere).
 
-    Explained in chapter 8, *Efficient attention* (softmax itself: chapter 3).
+    Explained in chapter 8, *Efficient attention*.
+
+    The softmax it reproduces is the one of chapter 3.
 
     Args:
         x: floating tensor.
@@ -336,39 +338,6 @@ def tiled_attention(
     else:
         out, _ = _tiled_forward(q, k, v, keep, tiles, dropout_p)  # (N, Lq, d_v)
     return out.reshape(*batch_shape, q_len, d_v).to(out_dtype)  # (..., Lq, d_v)
-
-
-def tiled_backend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Tensor:
-    """The ``"tiled"`` attention backend: :func:`tiled_attention` with its
-    default block size, for ``MultiHeadAttention(..., backend="tiled")``.
-
-    Explained in chapter 8, *Efficient attention* (backends: chapter 6).
-
-    Args:
-        q: ``(..., Lq, d_k)`` queries.
-        k: ``(..., Lk, d_k)`` keys.
-        v: ``(..., Lk, d_v)`` values.
-        mask: keep-mask broadcastable to ``(..., Lq, Lk)`` or ``None``.
-        dropout_p: dropout on the weights.
-        is_causal: apply the causal mask.
-        scale: score multiplier, default ``1 / sqrt(d_k)``.
-
-    Returns:
-        ``(..., Lq, d_v)`` output.
-
-    Raises:
-        TypeError, ValueError: on bad input, as :func:`tiled_attention`.
-    """
-    return tiled_attention(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
 
 
 # --------------------------------------------------------------------------- private cores

@@ -114,20 +114,6 @@ def test_pyproject_lists_every_third_party_import():
 # true when the code of chapter N's notebook uses the name.
 CLAIM = re.compile(r"Explained in (.*?)(?:\n\s*\n|$)", re.S)  # up to the paragraph's end
 
-# Claims in modules that other engineers are still changing; remove an entry when
-# its claim becomes true (or is reworded). Temporary, like test_book_structure's PENDING.
-PENDING_CLAIMS = {
-    # the display kit (screen)
-    ("attention_lib.show.explorer.figure_to_png", 1),
-    ("attention_lib.show.explorer.SliderExplorer", 1),
-    # tiled attention (tiled)
-    ("attention_lib.tiled.OnlineSoftmaxState", 8),
-    ("attention_lib.tiled.online_softmax_update", 8),
-    ("attention_lib.tiled.online_softmax", 3),
-    ("attention_lib.tiled.tiled_backend", 6),
-    ("attention_lib.tiled.tiled_backend", 8),
-}
-
 
 def _public_objects():
     """(qualified name, object) of every public function, class and method that a
@@ -171,8 +157,6 @@ def test_every_explained_in_chapter_claim_is_true():
     for qualname, name, obj in _public_objects():
         for chapter in sorted(_claimed_chapters(inspect.getdoc(obj) or "")):
             claims += 1
-            if (qualname, chapter) in PENDING_CLAIMS:
-                continue
             if chapter not in code:
                 false.append(f"{qualname} -> chapter {chapter}: no notebook book/{chapter:02d}_*")
             elif not re.search(rf"\b{re.escape(name)}\b", code[chapter]):

@@ -213,7 +213,7 @@ def _palette_png(png: bytes) -> bytes:
 def figure_to_png(fig: Figure, dpi: float = DEFAULT_DPI) -> bytes:
     """Render ``fig`` to PNG bytes and close it (so the inline backend won't show it).
 
-    Explained in chapter 1, *Queries, keys and values*.
+    Part of the book's display kit: every slider frame passes through it.
 
     The PNG carries no metadata (no software version), so the bytes depend only
     on the figure, the dpi and the local rendering libraries.
@@ -229,8 +229,8 @@ def figure_to_png(fig: Figure, dpi: float = DEFAULT_DPI) -> bytes:
 class SliderExplorer:
     """A slider over one or two parameters that redraws a matplotlib figure.
 
-    Explained in chapter 1, *Queries, keys and values*. Create it with
-    :func:`explore`; see the module docstring for the display forms.
+    What :func:`explore` returns (chapter 1 is the first to use it); create it with
+    :func:`explore`. See the module docstring for the display forms.
 
     Attributes:
         names: the parameter names, ``(name,)`` or ``(name, name2)``.
