@@ -216,9 +216,9 @@ def test_grid_wraps_heads_and_hides_unused_cells():
         (
             _weights(2, 3, 3),
             {"col_titles": ["only one"]},
-            r"col_titles must have one title per head: expected 2, got 1",
+            r"col_titles must have one title per head: expected 2 titles, got 1",
         ),
-        (_weights(2, 2, 3, 3), {"row_titles": ["a"]}, r"row_titles .*expected 2, got 1"),
+        (_weights(2, 2, 3, 3), {"row_titles": ["a"]}, r"row_titles .*expected 2 titles, got 1"),
         (_weights(2, 3, 3), {"key_tokens": ["a"]}, r"key_tokens .*expected 3 labels, got 1"),
         (_weights(2, 3, 3), {"max_cols": 0}, r"max_cols must be an int >= 1"),
         (_weights(2, 3, 3) * 2, {}, r"outside the colour scale"),

@@ -126,21 +126,22 @@ def _check_flags(annotate: object, colorbar: object) -> None:
     check_bool("colorbar", colorbar)
 
 
-def _check_tokens(
-    tokens: Sequence[Any] | None, name: str, length: int, axis: str
+def _check_labels(
+    labels: Sequence[Any] | None, name: str, length: int, per: str, noun: str = "label"
 ) -> list[str] | None:
-    if tokens is None:
+    """``None``, or a sequence of ``length`` labels (one ``noun`` per ``per``) as strings."""
+    if labels is None:
         return None
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+    if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence):
         raise TypeError(
-            f"{name} must be a sequence of {length} labels (one per {axis}), "
-            f"got {type(tokens).__name__}"
+            f"{name} must be a sequence of {length} {noun}s (one per {per}), "
+            f"got {type(labels).__name__}"
         )
-    if len(tokens) != length:
+    if len(labels) != length:
         raise ValueError(
-            f"{name} must have one label per {axis}: expected {length} labels, got {len(tokens)}"
+            f"{name} must have one {noun} per {per}: expected {length} {noun}s, got {len(labels)}"
         )
-    return [str(t) for t in tokens]
+    return [str(t) for t in labels]
 
 
 def _tick_fontsize(labels: list[str] | None, n: int) -> float:
@@ -309,8 +310,8 @@ def attention_heatmap(
     _check_range(arr, "weights", vmin, vmax)
     colours = _check_style(cmap, fmt)
     _check_flags(annotate, colorbar)
-    q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (row of weights)")
-    k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (column of weights)")
+    q_labels = _check_labels(query_tokens, "query_tokens", lq, "query (row of weights)")
+    k_labels = _check_labels(key_tokens, "key_tokens", lk, "key (column of weights)")
     if annotate is None:
         annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
     with book_style():  # dpi and font sizes of the book (attention_lib.show.style)
@@ -376,22 +377,6 @@ def _heatmap(
             bar = fig.colorbar(image, ax=ax, label="weight", shrink=0.9)
         bar.set_ticks([vmin, vmin + 0.5 * (vmax - vmin), vmax])
     return ax
-
-
-def _check_titles(
-    titles: Sequence[Any] | None, name: str, length: int, what: str
-) -> list[str] | None:
-    if titles is None:
-        return None
-    if isinstance(titles, (str, bytes)) or not isinstance(titles, Sequence):
-        raise TypeError(
-            f"{name} must be a sequence of {length} titles, got {type(titles).__name__}"
-        )
-    if len(titles) != length:
-        raise ValueError(
-            f"{name} must have one title per {what}: expected {length}, got {len(titles)}"
-        )
-    return [str(t) for t in titles]
 
 
 def attention_grid(
@@ -472,12 +457,12 @@ def attention_grid(
             )
         arr = arr[None]  # (1, H, Lq, Lk)
     n_layers, n_heads, lq, lk = arr.shape
-    q_labels = _check_tokens(query_tokens, "query_tokens", lq, "query (dim -2 of weights)")
-    k_labels = _check_tokens(key_tokens, "key_tokens", lk, "key (dim -1 of weights)")
-    heads = _check_titles(col_titles, "col_titles", n_heads, "head") or [
+    q_labels = _check_labels(query_tokens, "query_tokens", lq, "query (dim -2 of weights)")
+    k_labels = _check_labels(key_tokens, "key_tokens", lk, "key (dim -1 of weights)")
+    heads = _check_labels(col_titles, "col_titles", n_heads, "head", "title") or [
         f"head {h}" for h in range(n_heads)
     ]
-    layers = _check_titles(row_titles, "row_titles", n_layers, "layer") or [
+    layers = _check_labels(row_titles, "row_titles", n_layers, "layer", "title") or [
         f"layer {l}" for l in range(n_layers)
     ]
     max_cols = check_int("max_cols", max_cols, minimum=1)
