@@ -210,22 +210,6 @@ def _palette_png(png: bytes) -> bytes:
     return out.getvalue()
 
 
-def figure_to_png(fig: Figure, dpi: float = DEFAULT_DPI) -> bytes:
-    """Render ``fig`` to PNG bytes and close it (so the inline backend won't show it).
-
-    Part of the book's display kit: every slider frame passes through it.
-
-    The PNG carries no metadata (no software version), so the bytes depend only
-    on the figure, the dpi and the local rendering libraries.
-    """
-    import matplotlib.pyplot as plt
-
-    try:
-        return _png_bytes(fig, dpi)
-    finally:
-        plt.close(fig)
-
-
 class SliderExplorer:
     """A slider over one or two parameters that redraws a matplotlib figure.
 
