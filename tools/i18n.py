@@ -1,0 +1,289 @@
+"""Translation catalogs of the book: refresh them, and check that they are complete.
+
+Usage (from the repository root, inside the repository's virtual environment)::
+
+    python tools/i18n.py update          # `make catalogs`: extract the English text, update the .po files
+    python tools/i18n.py check           # every problem of every catalog, one per line
+    python tools/i18n.py check book/03_softmax   # one page's catalog
+    python tools/i18n.py compare [book/03_softmax]  # built pages: same markup in both editions
+
+The catalogs are ``locale/<lang>/LC_MESSAGES/<docname>.po``, one per page (``gettext_compact``
+is off), without source locations, so a catalog changes only when its page's English text
+does. ``update`` runs Sphinx's gettext builder into ``_build/gettext`` and then sphinx-intl,
+which adds new messages (empty), marks changed ones fuzzy and drops the ones that are gone.
+``check`` is what ``tests/test_translations.py`` enforces.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from babel.messages.catalog import Catalog, Message
+from babel.messages.pofile import read_po, write_po
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCALE = ROOT / "locale"
+LANGUAGES = ("zh_CN",)
+POT_DIR = ROOT / "_build" / "gettext"
+
+# The one sentence that opens every chapter's exercises (tests/test_book_structure.py checks
+# the English one), and its translation.
+EXERCISES_EN = (
+    "Try each exercise before you open its solution; every solution runs and checks "
+    "itself with `assert`."
+)
+EXERCISES_ZH = "先自己做每道练习，再打开它的答案；每个答案都能运行，并用 `assert` 检查自己。"
+
+# Never translate "Transformer" (issue 17), and these are the translations it must not get.
+FORBIDDEN = ("变压器", "变换器", "转换器")
+
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_NUMBERED = re.compile(r"^(\d+)\. ")
+_ESCAPED_NUMBER = re.compile(r"^(\d+)\\\. ")
+# Markup that must survive translation unchanged (compared as multisets).
+_MATH_BLOCK = re.compile(r"\$\$.+?\$\$", re.S)
+_MATH = re.compile(r"(?<![\\$])\$(?!\$)(?:[^$\\]|\\.)+?\$")
+_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
+_ROLE = re.compile(r"\{([\w:-]+)\}`([^`]*)`")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    catalog: str
+    msgid: str
+    what: str
+
+    def __str__(self) -> str:
+        short = self.msgid if len(self.msgid) <= 70 else self.msgid[:67] + "..."
+        return f"{self.catalog}: {self.what}: {short!r}"
+
+
+def catalog_paths(language: str = "zh_CN") -> list[Path]:
+    return sorted((LOCALE / language / "LC_MESSAGES").rglob("*.po"))
+
+
+def docname(path: Path, language: str = "zh_CN") -> str:
+    return path.relative_to(LOCALE / language / "LC_MESSAGES").with_suffix("").as_posix()
+
+
+def load(path: Path) -> Catalog:
+    with path.open("rb") as f:
+        return read_po(f, abort_invalid=True)
+
+
+def messages(catalog: Catalog) -> list[Message]:
+    """The catalog's messages, without the header and without obsolete ones."""
+    return [m for m in catalog if m.id and not isinstance(m.id, tuple)]
+
+
+def _role_targets(text: str) -> list[str]:
+    """``{role}`target``` for every role; ``{term}`title <target>``` counts as its target."""
+    out = []
+    for role, content in _ROLE.findall(text):
+        explicit = re.search(r"<([^<>]+)>\s*$", content)
+        out.append(f"{{{role}}}{explicit.group(1) if explicit else content}")
+    return out
+
+
+def markup(text: str) -> Counter[str]:
+    """The markup of a message that its translation must keep: maths, code, roles, links."""
+    found = _role_targets(text) + [f"]({t})" for t in _LINK.findall(text)]
+    rest = _ROLE.sub(" ", text)
+    for pattern in (_MATH_BLOCK, _CODE, _MATH):
+        found += [m.group(0) for m in pattern.finditer(rest)]
+        rest = pattern.sub(" ", rest)
+    return Counter(found)
+
+
+def prose(text: str) -> str:
+    """The text without maths, code, roles and link targets: what a reader reads as words."""
+    for pattern in (_ROLE, _MATH_BLOCK, _CODE, _MATH, _LINK):
+        text = pattern.sub(" ", text)
+    return re.sub(r"https?://\S+", " ", text)
+
+
+def message_problems(msgid: str, msgstr: str, fuzzy: bool) -> list[str]:
+    """What is wrong with one translated message ([] when nothing is)."""
+    if not msgstr:
+        return ["untranslated"]
+    problems = []
+    if fuzzy:
+        problems.append("fuzzy (the English changed: check the translation, then drop the flag)")
+    number = _NUMBERED.match(msgid)
+    if number:
+        escaped = _ESCAPED_NUMBER.match(msgstr)
+        if not escaped or escaped.group(1) != number.group(1):
+            problems.append(
+                f"a numbered title must start with '{number.group(1)}\\. ' in the translation "
+                "(a bare '3. ' is read as a list and Sphinx silently drops the translation)"
+            )
+    lost = markup(msgid) - markup(msgstr)
+    added = markup(msgstr) - markup(msgid)
+    if lost or added:
+        problems.append(
+            f"markup differs: missing {sorted(lost.elements())}, extra {sorted(added.elements())}"
+        )
+    if len(_WORD.findall(prose(msgid))) >= 2 and not _CJK.search(msgstr):
+        problems.append("left in English (no Chinese in the translation)")
+    if any(word in msgstr for word in FORBIDDEN):
+        problems.append(f"'Transformer' is never translated (found one of {FORBIDDEN})")
+    if "Transformer" in msgid and "Transformer" not in msgstr:
+        problems.append("'Transformer' must stay 'Transformer'")
+    if msgid == EXERCISES_EN and msgstr != EXERCISES_ZH:
+        problems.append(f"the exercises sentence must read exactly {EXERCISES_ZH!r}")
+    return problems
+
+
+def catalog_problems(path: Path, language: str = "zh_CN") -> list[Problem]:
+    catalog = load(path)
+    name = docname(path, language)
+    found = [
+        Problem(name, m.id, what)
+        for m in messages(catalog)
+        for what in message_problems(m.id, m.string, m.fuzzy)
+    ]
+    if catalog.fuzzy:
+        found.append(Problem(name, "", "the catalog header is marked fuzzy"))
+    return found
+
+
+def stale_problems(pot_dir: Path, language: str = "zh_CN") -> list[Problem]:
+    """Messages of the English text (``.pot`` files) missing from the catalogs, and back."""
+    found = []
+    po_dir = LOCALE / language / "LC_MESSAGES"
+    pots = {p.relative_to(pot_dir).with_suffix("").as_posix(): p for p in pot_dir.rglob("*.pot")}
+    pos = {docname(p, language): p for p in catalog_paths(language)}
+    for name in sorted(set(pots) | set(pos)):
+        if name not in pos:
+            found.append(Problem(name, "", f"no catalog at {po_dir / name}.po"))
+            continue
+        if name not in pots:
+            found.append(Problem(name, "", "a catalog for a page that no longer exists"))
+            continue
+        english = {m.id for m in messages(load(pots[name]))}
+        translated = {m.id for m in messages(load(pos[name]))}
+        found += [Problem(name, i, "new English text, not in the catalog") for i in english - translated]
+        found += [Problem(name, i, "in the catalog but no longer in the English text") for i in translated - english]
+    return found
+
+
+def extract(pot_dir: Path = POT_DIR, doctrees: Path | None = None) -> None:
+    """Run Sphinx's gettext builder over the book: one ``.pot`` per page in ``pot_dir``."""
+    from jupyter_book.sphinx import build_sphinx
+
+    overrides = {"external_toc_path": "_toc.yml", "latex_individualpages": False}
+    result = build_sphinx(
+        ROOT,
+        pot_dir,
+        noconfig=True,
+        path_config=ROOT / "_config.yml",
+        confoverrides=overrides,
+        doctreedir=doctrees or pot_dir.parent / ".doctrees-gettext",
+        builder="gettext",
+        freshenv=True,
+        quiet=True,
+    )
+    if result != 0:
+        raise SystemExit(f"the gettext build failed ({result})")
+
+
+def _clear_header_fuzzy(paths: Iterable[Path]) -> None:
+    for path in paths:
+        catalog = load(path)
+        if catalog.fuzzy:
+            catalog.fuzzy = False
+            with path.open("wb") as f:
+                write_po(f, catalog, width=0, omit_header=False)
+
+
+def update() -> None:
+    extract()
+    for language in LANGUAGES:
+        subprocess.run(
+            [sys.executable, "-m", "sphinx_intl", "update", "-p", str(POT_DIR), "-l", language,
+             "-d", str(LOCALE), "-w", "0"],
+            check=True,
+        )
+        _clear_header_fuzzy(catalog_paths(language))
+
+
+# What a translated page must show as often as its English page (counted in the built HTML).
+RENDERED = {
+    "bold": re.compile(r"<strong>"),
+    "italic": re.compile(r"<em>"),
+    "inline code": re.compile(r'<code class="docutils literal'),
+    "internal link": re.compile(r'class="reference internal"'),
+    "external link": re.compile(r'class="reference external"'),
+    "maths": re.compile(r'class="math notranslate nohighlight"'),
+    "figure": re.compile(r"<img "),
+    "heading": re.compile(r"<h[1-6]"),
+    "list item": re.compile(r"<li"),
+    "table row": re.compile(r"<tr"),
+}
+
+
+def rendered_counts(html: str) -> dict[str, int]:
+    main = html.split('<main id="main-content"', 1)[-1]
+    return {name: len(pattern.findall(main)) for name, pattern in RENDERED.items()}
+
+
+def rendered_problems(name: str, html_dir: Path, edition: str = "zh") -> list[Problem]:
+    """Differences in rendered markup between a page's English and translated HTML."""
+    en, tr = html_dir / f"{name}.html", html_dir / edition / f"{name}.html"
+    if not en.exists() or not tr.exists():
+        return [Problem(name, "", f"not built: {en if not en.exists() else tr}")]
+    a = rendered_counts(en.read_text(encoding="utf-8"))
+    b = rendered_counts(tr.read_text(encoding="utf-8"))
+    return [
+        Problem(name, "", f"{what}: {a[what]} in English, {b[what]} in the translation")
+        for what in RENDERED
+        if a[what] != b[what]
+    ]
+
+
+def compare(names: list[str]) -> int:
+    html_dir = ROOT / "_build" / "html"
+    names = names or [docname(p) for p in catalog_paths()]
+    problems = [p for name in names for p in rendered_problems(name, html_dir)]
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def check(names: list[str]) -> int:
+    problems = [
+        p
+        for language in LANGUAGES
+        for path in catalog_paths(language)
+        if not names or docname(path, language) in names
+        for p in catalog_problems(path, language)
+    ]
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["update"]:
+        update()
+        return 0
+    if argv[:1] == ["check"]:
+        return check(argv[1:])
+    if argv[:1] == ["compare"]:
+        return compare(argv[1:])
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
