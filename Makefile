@@ -5,10 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-JB_FLAGS := -W -n --keep-going --builder html
 NBVAL  := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
-.PHONY: book test unit nbval build-strict browser lab execute clean
+.PHONY: book test unit nbval build-strict browser lab execute catalogs clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,10 +15,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-## make book: build the HTML book into _build/html
+## make book: build the HTML book, English into _build/html and Chinese into _build/html/zh
 book: $(STAMP)
-	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
-	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
+	$(PY) tools/build_book.py
 
 ## make test: unit tests, nbval over every notebook, the strict book build, browser tests
 test: unit nbval build-strict browser
@@ -32,8 +30,8 @@ nbval: $(STAMP)
 	$(PY) -m pytest book $(NBVAL) -q
 
 build-strict: $(STAMP)
-	rm -rf _build/html _build/.doctrees
-	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
+	rm -rf _build/html _build/.doctrees _build/.doctrees-zh
+	$(PY) tools/build_book.py --strict
 
 browser: $(STAMP)
 	$(PY) -m pytest tests/browser -p no:cacheprovider -q
@@ -45,6 +43,10 @@ lab: $(STAMP)
 ## make execute [NB=book/03_softmax.ipynb]: re-execute notebooks so stored outputs match the code
 execute: $(STAMP)
 	$(PY) tools/execute_notebooks.py $(NB)
+
+## make catalogs: after changing English text, refresh the translation catalogs in locale/
+catalogs: $(STAMP)
+	$(PY) tools/i18n.py update
 
 clean:
 	rm -rf _build

@@ -70,7 +70,10 @@ def test_builds_with_the_readme_command_and_publishes_its_output() -> None:
     runs = [s.get("run", "").strip() for s in steps("build")]
     assert command.group(1) in runs, f"the workflow does not run `{command.group(1)}`: {runs}"
     makefile = (ROOT / "Makefile").read_text()
-    assert "jupyter-book build ." in makefile and "_build/html" in makefile
+    assert "tools/build_book.py" in makefile
+    # Both editions land in the published folder: English at its root, Chinese in zh/.
+    build_book = (ROOT / "tools" / "build_book.py").read_text()
+    assert 'BUILD / "html"' in build_book and 'BUILD / "html" / "zh"' in build_book
     upload = [
         s for s in steps("build") if s.get("uses", "").startswith("actions/upload-pages-artifact@")
     ]

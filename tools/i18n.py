@@ -170,8 +170,13 @@ def stale_problems(pot_dir: Path, language: str = "zh_CN") -> list[Problem]:
             continue
         english = {m.id for m in messages(load(pots[name]))}
         translated = {m.id for m in messages(load(pos[name]))}
-        found += [Problem(name, i, "new English text, not in the catalog") for i in english - translated]
-        found += [Problem(name, i, "in the catalog but no longer in the English text") for i in translated - english]
+        found += [
+            Problem(name, i, "new English text, not in the catalog") for i in english - translated
+        ]
+        found += [
+            Problem(name, i, "in the catalog but no longer in the English text")
+            for i in translated - english
+        ]
     return found
 
 
@@ -208,8 +213,20 @@ def update() -> None:
     extract()
     for language in LANGUAGES:
         subprocess.run(
-            [sys.executable, "-m", "sphinx_intl", "update", "-p", str(POT_DIR), "-l", language,
-             "-d", str(LOCALE), "-w", "0"],
+            [
+                sys.executable,
+                "-m",
+                "sphinx_intl",
+                "update",
+                "-p",
+                str(POT_DIR),
+                "-l",
+                language,
+                "-d",
+                str(LOCALE),
+                "-w",
+                "0",
+            ],
             check=True,
         )
         _clear_header_fuzzy(catalog_paths(language))

@@ -12,6 +12,11 @@ copy throws ``Identifier 'THEBE_JS_URL' has already been declared`` in every bro
 same happens to sphinx-togglebutton's ``var togglebuttonSelector``, harmlessly). Dropping
 repeats, in order, keeps the first copy, which is all the page ever used.
 
+Every page links to the same page in the book's other language (English at the root of the
+site, Chinese under ``zh/``): a button in the article header (``language-switch.html``) and a
+``<link rel="alternate" hreflang>`` in the head, both with relative URLs, so they work from
+files, on a server and under any base path.
+
 Docstrings stay in English in every edition. The API reference renders them with autodoc;
 they live in ``attention_lib``'s code, which exists once, like the notebooks' code cells, so
 they are kept out of the translation catalogs (a docstring edit never makes a catalog stale).
@@ -31,7 +36,9 @@ from sphinx.transforms import SphinxTransform
 _FILE_IMG = re.compile(r'<img(?![^>]*\sloading=)(?=[^>]*\ssrc="(?!data:))')
 
 
-def _unique_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+def _unique_scripts(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
     scripts = context.get("script_files")
     if isinstance(scripts, list):
         seen, unique = set(), []
@@ -58,6 +65,50 @@ def _inside_desc(node: nodes.Node) -> bool:
     return False
 
 
+# Sphinx language -> (BCP 47 tag, the edition's folder under the site root, its name in itself).
+EDITIONS = {"en": ("en", "", "English"), "zh_CN": ("zh-CN", "zh/", "中文")}
+
+
+def other_edition(language: str, pagename: str) -> dict[str, str]:
+    """The link from ``pagename`` in ``language`` to the same page in the other edition."""
+    here = "zh_CN" if language.startswith("zh") else "en"
+    there = "en" if here == "zh_CN" else "zh_CN"
+    to_site_root = "../" * pagename.count("/") + ("../" if EDITIONS[here][1] else "")
+    tag, folder, name = EDITIONS[there]
+    return {
+        "href": f"{to_site_root}{folder}{pagename}.html",
+        "hreflang": tag,
+        "label": name,
+        "title": "Read this page in English" if there == "en" else "阅读本页的中文版",
+    }
+
+
+# The site's own words that the Chinese edition shows in Chinese (the theme translates its
+# labels itself; these come from _config.yml).
+SITE_TEXT_ZH = {"search_bar_text": "搜索本书……", "html_title": "Attention from Scratch（中文版）"}
+
+
+def _translate_site_text(app: Any, config: Any) -> None:
+    if (config.language or "").startswith("zh"):
+        config.html_theme_options = {
+            **config.html_theme_options,
+            "search_bar_text": SITE_TEXT_ZH["search_bar_text"],
+        }
+        config.html_title = SITE_TEXT_ZH["html_title"]
+
+
+def _language_links(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
+    if doctree is None:  # search, genindex: no counterpart page
+        return
+    link = other_edition(app.config.language or "en", pagename)
+    context["afs_other_edition"] = link
+    context["metatags"] = context.get("metatags", "") + (
+        f'\n<link rel="alternate" hreflang="{link["hreflang"]}" href="{link["href"]}" />'
+    )
+
+
 class KeepDocstringsUntranslated(SphinxTransform):
     """Mark the text of autodoc entries (``desc`` nodes) and docstrings as not translatable.
 
@@ -78,6 +129,8 @@ class KeepDocstringsUntranslated(SphinxTransform):
 
 def setup(app: Any) -> dict[str, Any]:
     app.add_transform(KeepDocstringsUntranslated)
+    app.connect("html-page-context", _language_links)
+    app.connect("config-inited", _translate_site_text)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's
     app.connect("html-page-context", _lazy_figures, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
