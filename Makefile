@@ -33,8 +33,11 @@ build-strict: $(STAMP)
 	rm -rf _build/html _build/.doctrees _build/.doctrees-zh
 	$(PY) tools/build_book.py --strict
 
+## make browser: the browser suite on the English edition, then on the Chinese one
 browser: $(STAMP)
 	$(PY) -m pytest tests/browser -p no:cacheprovider -q
+	AFS_EDITION=zh $(PY) -m pytest tests/browser -p no:cacheprovider -q \
+		--ignore=tests/browser/test_jupyterlab_live.py
 
 ## make lab: open the notebooks in JupyterLab with the repository's environment
 lab: $(STAMP)

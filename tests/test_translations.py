@@ -77,6 +77,12 @@ def test_untranslated_fuzzy_and_english_entries_are_refused() -> None:
     assert any("left in English" in p for p in i18n.message_problems(english, english, False))
 
 
+def test_display_formulas_are_copied_unchanged() -> None:
+    formula = "\n\\text{weights} = \\operatorname{softmax}(S) \\text{ kept}\n"
+    assert not i18n.message_problems(formula, formula, False)
+    assert i18n.message_problems(formula, formula.replace("S", "T"), False)
+
+
 def test_lost_or_changed_markup_is_refused() -> None:
     msgid = "See [chapter 4](04_weighted_sum.ipynb): $QK^\\top$ with `dim=-1` {cite}`vaswani2017attention`."
     good = (

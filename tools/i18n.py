@@ -131,7 +131,12 @@ def message_problems(msgid: str, msgstr: str, fuzzy: bool) -> list[str]:
         problems.append(
             f"markup differs: missing {sorted(lost.elements())}, extra {sorted(added.elements())}"
         )
-    if len(_WORD.findall(prose(msgid))) >= 2 and not _CJK.search(msgstr):
+    display_maths = msgid.startswith("\n")  # a maths block's message: LaTeX, no $$ around it
+    if display_maths and msgstr != msgid and not _CJK.search(msgstr):
+        problems.append("a display formula is copied unchanged (msgstr = msgid)")
+    if not (display_maths and msgstr == msgid) and (
+        len(_WORD.findall(prose(msgid))) >= 2 and not _CJK.search(msgstr)
+    ):
         problems.append("left in English (no Chinese in the translation)")
     if any(word in msgstr for word in FORBIDDEN):
         problems.append(f"'Transformer' is never translated (found one of {FORBIDDEN})")

@@ -1,8 +1,12 @@
 """What the browser suite reads: the book's pages (from `_toc.yml`) and its settings.
 
-Shared by conftest.py and the test modules. Environment overrides, for debugging the suite
-against another build only: AFS_BOOK_DIR (folder with `_toc.yml`/`_config.yml` and the
-sources), AFS_HTML_DIR (the built HTML), AFS_CHROMIUM (browser executable).
+Shared by conftest.py and the test modules. The suite reads one edition of the book per
+run: AFS_EDITION=en (the default; English, at the root of the site) or AFS_EDITION=zh (the
+Chinese edition under zh/); `make browser` runs it once for each. The whole site is served
+either way, so the links between the editions can be followed. Environment overrides, for
+debugging the suite against another build only: AFS_BOOK_DIR (folder with
+`_toc.yml`/`_config.yml` and the sources), AFS_HTML_DIR (the built site),
+AFS_CHROMIUM (browser executable).
 """
 
 from __future__ import annotations
@@ -20,8 +24,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from book_urls import load_config, source_suffix, toc_entries  # noqa: E402
 
 BOOK_DIR = Path(os.environ.get("AFS_BOOK_DIR", ROOT))
-HTML_DIR = Path(os.environ.get("AFS_HTML_DIR", BOOK_DIR / "_build" / "html"))
-FAILURES = ROOT / "_build" / "browser-failures"
+SITE_DIR = Path(os.environ.get("AFS_HTML_DIR", BOOK_DIR / "_build" / "html"))
+# Edition -> its folder in the site (tools/build_book.py builds both).
+EDITIONS = {"en": "", "zh": "zh/"}
+EDITION = os.environ.get("AFS_EDITION", "en")
+if EDITION not in EDITIONS:
+    raise ValueError(f"AFS_EDITION must be one of {sorted(EDITIONS)}, got {EDITION!r}")
+HTML_DIR = SITE_DIR / EDITIONS[EDITION]  # this edition's pages
+FAILURES = ROOT / "_build" / "browser-failures" / EDITION
 CHROMIUM = os.environ.get("AFS_CHROMIUM", "/usr/bin/chromium")
 
 PAGES = toc_entries(BOOK_DIR / "_toc.yml")
@@ -61,6 +71,24 @@ def source_title(docname: str) -> str:
     match = re.search(r"^# (.+)$", text, re.M)
     assert match, f"{path.name} has no H1"
     return match.group(1)
+
+
+def translated(docname: str, english: str) -> str:
+    """``english`` (a message of the page) as this edition shows it."""
+    if EDITION == "en":
+        return english
+    from babel.messages.pofile import read_po
+
+    path = BOOK_DIR / "locale" / "zh_CN" / "LC_MESSAGES" / f"{docname}.po"
+    with path.open("rb") as f:
+        message = read_po(f).get(english)
+    assert message is not None and message.string, f"{path}: no translation of {english!r}"
+    return re.sub(r"^(\d+)\\\.", r"\1.", message.string)  # the escaped number of "3\. ..."
+
+
+def page_title(docname: str) -> str:
+    """The H1 the page should show in this edition."""
+    return translated(docname, source_title(docname))
 
 
 def is_placeholder(docname: str) -> bool:

@@ -19,7 +19,17 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from bookpages import CHROMIUM, FAILURES, HTML_DIR, NOTEBOOK_PAGES, PAGES, Tab
+from bookpages import (
+    CHROMIUM,
+    EDITION,
+    EDITIONS,
+    FAILURES,
+    HTML_DIR,
+    NOTEBOOK_PAGES,
+    PAGES,
+    SITE_DIR,
+    Tab,
+)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -56,13 +66,16 @@ def _fresh_failure_screenshots() -> None:
 
 @pytest.fixture(scope="session")
 def html_dir() -> Path:
-    if not (HTML_DIR / "index.html").exists():
-        pytest.fail(f"{HTML_DIR} has no index.html: build the book first (`make build-strict`)")
-    return HTML_DIR
+    """The whole site (both editions); the suite reads the edition AFS_EDITION names."""
+    for folder in (SITE_DIR, HTML_DIR):
+        if not (folder / "index.html").exists():
+            pytest.fail(f"{folder} has no index.html: build the book first (`make build-strict`)")
+    return SITE_DIR
 
 
 @pytest.fixture(scope="session")
-def base_url(html_dir: Path) -> Iterator[str]:
+def site_url(html_dir: Path) -> Iterator[str]:
+    """The root of the served site (the English edition)."""
     handler = functools.partial(_QuietHandler, directory=str(html_dir))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
@@ -73,6 +86,12 @@ def base_url(html_dir: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def base_url(site_url: str) -> str:
+    """The root of the edition under test: the site root, or zh/ for the Chinese edition."""
+    return site_url + EDITIONS[EDITION]
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import json
 import struct
 from urllib.parse import unquote, urlparse
 
-from bookpages import HTML_DIR, NOTEBOOK_PAGES, built_html, source_path
+from bookpages import NOTEBOOK_PAGES, SITE_DIR, built_html, source_path
 from bs4 import BeautifulSoup
 
 from attention_lib.show.style import COLUMN_PX, MIN_FONT_PT, MIN_TEXT_PX, text_css_px
@@ -110,7 +110,7 @@ def png_dpi(data: bytes) -> float | None:
 def image_bytes(src: str) -> bytes:
     if src.startswith("data:"):
         return base64.b64decode(src.split(",", 1)[1])
-    return (HTML_DIR / unquote(urlparse(src).path).lstrip("/")).read_bytes()
+    return (SITE_DIR / unquote(urlparse(src).path).lstrip("/")).read_bytes()
 
 
 def test_book_column_is_the_width_the_figure_rules_assume(loaded) -> None:

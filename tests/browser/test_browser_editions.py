@@ -1,0 +1,125 @@
+"""The two editions of the book: each page says its language and links to its counterpart.
+
+Run on each edition (`make browser` runs the suite with AFS_EDITION=en, then zh). The last
+tests read the built Chinese pages: no paragraph silently left in English (what Sphinx does
+with a translation it cannot use, such as an unescaped "3. " title), and the same markup
+as the English page.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from urllib.parse import urljoin
+
+import pytest
+from allowed_errors import problems
+from bookpages import EDITION, PAGES, SITE_DIR, Tab, built_html
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import i18n  # noqa: E402
+
+LANG = {"en": "en", "zh": "zh-CN"}
+OTHER = {"en": "zh", "zh": "en"}
+SWITCH = "a.afs-language-switch"
+zh_only = pytest.mark.skipif(EDITION != "zh", reason="checks the Chinese pages")
+
+
+def test_page_says_its_language(loaded, docname: str) -> None:
+    tab = loaded(docname)
+    assert tab.page.evaluate("document.documentElement.lang") == LANG[EDITION], docname
+
+
+def test_language_switch_leads_to_the_same_page_and_back(loaded, docname: str) -> None:
+    tab = loaded(docname)
+    link = tab.page.locator(SWITCH)
+    assert link.count() == 1, f"{docname}: {link.count()} language switches"
+    assert link.is_visible(), f"{docname}: the language switch is hidden"
+    assert link.get_attribute("hreflang") == LANG[OTHER[EDITION]]
+    there = urljoin(tab.page.url, link.get_attribute("href"))
+    expected = tab.base_url.removesuffix("zh/") + ("zh/" if EDITION == "en" else "")
+    assert there == f"{expected}{docname}.html", (docname, there)
+    response = tab.page.request.get(there)
+    assert response.ok, f"{docname}: {there} answers {response.status}"
+    back = re.search(r'class="btn btn-sm afs-language-switch" href="([^"]+)"', response.text())
+    assert back and urljoin(there, back.group(1)) == tab.page.url, f"{there} does not link back"
+    alternate = tab.page.locator(f'link[rel="alternate"][hreflang="{LANG[OTHER[EDITION]]}"]')
+    assert urljoin(tab.page.url, alternate.get_attribute("href")) == there
+
+
+def test_language_switch_works_on_a_phone(phone_tab: Tab) -> None:
+    docname = PAGES[1]
+    phone_tab.open(docname)
+    link = phone_tab.page.locator(SWITCH)
+    box = link.bounding_box()
+    assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, f"off screen: {box}"
+    with phone_tab.page.expect_navigation(wait_until="load"):
+        link.tap()
+    url = phone_tab.page.url
+    assert url.endswith(f"{docname}.html") and url != phone_tab.url(docname), url
+    assert phone_tab.page.evaluate("document.documentElement.lang") == LANG[OTHER[EDITION]]
+    assert not problems(phone_tab), problems(phone_tab)
+
+
+# --- The built Chinese pages --------------------------------------------------------------
+
+# Parts of a page that are not translated prose: code and outputs, maths, the sliders,
+# the API docstrings, the bibliography's entries, and the site's chrome.
+UNTRANSLATED = [
+    "script",
+    "style",
+    ".cell_input",
+    ".cell_output",
+    "pre",
+    "code",
+    ".math",
+    ".afs-explorer",
+    "dl.py",
+    "dl.glossary > dt",
+    ".citation",
+    ".bibliography",
+    "div[role='list']",
+    ".headerlink",
+]
+PROSE = "p, li, h1, h2, h3, h4, h5, h6, td, th, figcaption, dt, dd"
+ENGLISH_WORD = re.compile(r"\b[A-Za-z]{2,}\b")
+CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def english_left(html: str) -> list[str]:
+    """Prose elements of the article with three or more English words and no Chinese."""
+    from bs4 import BeautifulSoup
+
+    article = BeautifulSoup(html, "html.parser").select_one("article")
+    if article is None:
+        return ["no <article>"]
+    for selector in UNTRANSLATED:
+        for node in article.select(selector):
+            node.decompose()
+    left = []
+    for node in article.select(PROSE):
+        text = " ".join(node.get_text(" ").split())
+        if len(ENGLISH_WORD.findall(text)) >= 3 and not CJK.search(text):
+            left.append(text[:80])
+    return left
+
+
+@zh_only
+def test_no_prose_is_left_in_english(docname: str) -> None:
+    left = english_left(built_html(docname))
+    assert not left, f"{docname}: {len(left)} elements shown in English: {left[:5]}"
+
+
+@zh_only
+def test_translation_keeps_the_markup_of_the_english_page(docname: str) -> None:
+    found = i18n.rendered_problems(docname, SITE_DIR)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_the_english_left_check_can_fail() -> None:
+    html = (
+        "<article><h1>3. Softmax and its temperature</h1><p>温度 makes it sharper.</p>"
+        "<div class='cell_output'><pre>tensor values printed here</pre></div></article>"
+    )
+    assert english_left(html) == ["3. Softmax and its temperature"]
