@@ -26,6 +26,7 @@ The reference page's own prose is translated like every other page.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from docutils import nodes
@@ -88,6 +89,69 @@ def other_edition(language: str, pagename: str) -> dict[str, str]:
 SITE_TEXT_ZH = {"search_bar_text": "搜索本书……", "html_title": "Attention from Scratch（中文版）"}
 
 
+# The theme's and myst-nb's own labels that their catalogs leave in English: the Chinese
+# edition shows them in Chinese (button tooltips, screen-reader labels, cell toggles).
+CHROME_ZH = {
+    "Toggle primary sidebar": "切换章节目录",
+    "Toggle secondary sidebar": "切换本页目录",
+    "Suggest edit": "建议修改",
+    "Open issue": "提交问题",
+    "Repository": "代码仓库",
+    "Source repositories": "代码仓库",
+    "Color mode": "颜色模式",
+    "System Settings": "跟随系统",
+    "Main": "主导航",
+    "Page": "本页目录",
+    "Launch interactive content": "启动交互式环境",
+    "Launch on Binder": "在 Binder 上运行",
+    "Launch on Colab": "在 Colab 上运行",
+    "Binder logo": "Binder 标志",
+    "Colab logo": "Colab 标志",
+    "Toggle hidden content": "显示或隐藏折叠的内容",
+    "Show code cell source": "显示代码",
+    "Hide code cell source": "隐藏代码",
+    "Show code cell output": "显示输出",
+    "Hide code cell output": "隐藏输出",
+    "Show code cell outputs": "显示输出",
+    "Hide code cell outputs": "隐藏输出",
+    "Show code cell content": "显示代码单元",
+    "Hide code cell content": "隐藏代码单元",
+    "© Copyright 2026.": "© 版权所有 2026。",
+}
+# An exact label: an attribute's whole value, or an element's whole text (spaces around).
+_LABEL = re.compile(
+    r'((?:title|aria-label|alt|data-bs-original-title)=")([^"<>]+)(")|(>\s*)([^<>]+?)(\s*<)'
+)
+
+_PRE = re.compile(r"(<pre\b.*?</pre>)", re.S)
+
+
+def translate_chrome(html: str, table: dict[str, str] = CHROME_ZH) -> str:
+    """``html`` with every label of ``table`` replaced by its translation.
+
+    Code and printed output (``<pre>`` blocks) are left alone.
+    """
+
+    def swap(m: re.Match) -> str:
+        head, text, tail = (m.group(1), m.group(2), m.group(3)) if m.group(1) else m.group(4, 5, 6)
+        return f"{head}{table.get(text, text)}{tail}"
+
+    parts = _PRE.split(html)
+    return "".join(p if i % 2 else _LABEL.sub(swap, p) for i, p in enumerate(parts))
+
+
+def _translate_chrome(app: Any, exception: Exception | None) -> None:
+    if exception is not None or not (app.config.language or "").startswith("zh"):
+        return
+    if app.builder.format != "html":
+        return
+    for path in Path(app.outdir).rglob("*.html"):
+        html = path.read_text(encoding="utf-8")
+        new = translate_chrome(html)
+        if new != html:
+            path.write_text(new, encoding="utf-8")
+
+
 def _translate_site_text(app: Any, config: Any) -> None:
     if (config.language or "").startswith("zh"):
         config.html_theme_options = {
@@ -131,6 +195,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_transform(KeepDocstringsUntranslated)
     app.connect("html-page-context", _language_links)
     app.connect("config-inited", _translate_site_text)
+    app.connect("build-finished", _translate_chrome)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's
     app.connect("html-page-context", _lazy_figures, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

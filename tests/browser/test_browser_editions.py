@@ -117,9 +117,59 @@ def test_translation_keeps_the_markup_of_the_english_page(docname: str) -> None:
     assert not found, "\n".join(map(str, found))
 
 
+# English that the Chinese pages' chrome (outside the article) may show: names, the key
+# "Ctrl" of the search shortcut, the link to the English edition, file suffixes.
+CHROME_ENGLISH = {
+    "Ctrl",
+    "English",
+    "Read this page in English",
+    "Attention from Scratch",
+    "Binder",
+    "Colab",
+    ".ipynb",
+    ".pdf",
+}
+
+
+def english_chrome(html: str) -> list[str]:
+    """Labels and text outside the article, in English, and not in CHROME_ENGLISH."""
+    from bs4 import BeautifulSoup, NavigableString
+
+    soup = BeautifulSoup(html, "html.parser")
+    for node in soup.select("script, style, code, pre, .math, article"):
+        node.decompose()
+    found = []
+    for el in soup.find_all(True):
+        for attr in ("title", "aria-label", "alt", "placeholder"):
+            value = el.get(attr)
+            if isinstance(value, str):
+                found.append(value)
+    found += [str(t) for t in soup.find_all(string=True) if type(t) is NavigableString]
+    texts = {" ".join(t.split()) for t in found}
+    return sorted(
+        t
+        for t in texts
+        if re.search(r"[A-Za-z]{3,}", t)
+        and not CJK.search(t)
+        and t not in CHROME_ENGLISH
+        and not t.startswith("\\(")  # maths in a heading, typeset by MathJax
+    )
+
+
+@zh_only
+def test_site_labels_are_in_chinese(docname: str) -> None:
+    """Navigation, part captions, buttons, tooltips and screen-reader labels."""
+    left = english_chrome(built_html(docname))
+    assert not left, f"{docname}: labels in English: {left[:8]}"
+
+
 def test_the_english_left_check_can_fail() -> None:
     html = (
         "<article><h1>3. Softmax and its temperature</h1><p>温度 makes it sharper.</p>"
         "<div class='cell_output'><pre>tensor values printed here</pre></div></article>"
     )
     assert english_left(html) == ["3. Softmax and its temperature"]
+    chrome = (
+        '<nav><a title="Suggest edit">建议</a><p>Building attention</p></nav><article>x</article>'
+    )
+    assert english_chrome(chrome) == ["Building attention", "Suggest edit"]
