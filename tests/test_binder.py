@@ -22,6 +22,8 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # Tools that build or test the book; a reader on Binder does not need them.
 NOT_ON_BINDER = {
     "jupyter-book",
+    "sphinx-intl",  # the Chinese edition: catalogs and the search index
+    "jieba",
     "sphinx-book-theme",
     "pydata-sphinx-theme",
     "sphinx-mathjax-offline",
