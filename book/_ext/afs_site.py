@@ -31,7 +31,9 @@ from typing import Any
 
 from docutils import nodes
 from sphinx import addnodes
+from sphinx.locale import init as init_locale
 from sphinx.transforms import SphinxTransform
+from sphinx.util.i18n import docname_to_domain
 
 # An <img> tag with a src that is not inline data, and no loading attribute yet.
 _FILE_IMG = re.compile(r'<img(?![^>]*\sloading=)(?=[^>]*\ssrc="(?!data:))')
@@ -191,8 +193,34 @@ class KeepDocstringsUntranslated(SphinxTransform):
                 node["translatable"] = False
 
 
+class TranslateTocCaptions(SphinxTransform):
+    """Translate the part captions of the table of contents ("Building attention", ...).
+
+    sphinx-external-toc inserts the toctrees from ``_toc.yml`` (priority 100) after Sphinx's
+    ``Locale`` transform (20) has translated the page, so the captions, which the gettext
+    builder does extract into the root page's catalog, would stay in English. This runs
+    right after the insertion, before the toctrees are collected (880).
+    """
+
+    default_priority = 150
+
+    def apply(self, **kwargs: Any) -> None:
+        if not self.config.language or self.config.language == "en":
+            return
+        toctrees = [t for t in self.document.findall(addnodes.toctree) if t.get("caption")]
+        if not toctrees:
+            return
+        dirs = [str(Path(self.env.srcdir, d)) for d in self.config.locale_dirs]
+        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+        catalog, found = init_locale(dirs, self.config.language, domain)
+        if found:
+            for toctree in toctrees:
+                toctree["caption"] = catalog.gettext(toctree["caption"])
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.add_transform(KeepDocstringsUntranslated)
+    app.add_transform(TranslateTocCaptions)
     app.connect("html-page-context", _language_links)
     app.connect("config-inited", _translate_site_text)
     app.connect("build-finished", _translate_chrome)
