@@ -205,11 +205,13 @@ def extract(pot_dir: Path = POT_DIR, doctrees: Path | None = None) -> None:
         raise SystemExit(f"the gettext build failed ({result})")
 
 
-def _clear_header_fuzzy(paths: Iterable[Path]) -> None:
+def _tidy(paths: Iterable[Path]) -> None:
+    """Drop what sphinx-intl leaves behind: obsolete (``#~``) entries, a fuzzy header."""
     for path in paths:
         catalog = load(path)
-        if catalog.fuzzy:
+        if catalog.fuzzy or catalog.obsolete:
             catalog.fuzzy = False
+            catalog.obsolete.clear()
             with path.open("wb") as f:
                 write_po(f, catalog, width=0, omit_header=False)
 
@@ -234,7 +236,7 @@ def update() -> None:
             ],
             check=True,
         )
-        _clear_header_fuzzy(catalog_paths(language))
+        _tidy(catalog_paths(language))
 
 
 # What a translated page must show as often as its English page (counted in the built HTML).
