@@ -86,6 +86,31 @@ def translated(docname: str, english: str) -> str:
     return re.sub(r"^(\d+)\\\.", r"\1.", message.string)  # the escaped number of "3\. ..."
 
 
+def ui_label(english: str) -> str:
+    """A label of the site's chrome (a button's title, say) as this edition shows it.
+
+    The Chinese edition takes it from book/_ext/afs_site.py's table, else from the theme's
+    own zh_CN catalog.
+    """
+    if EDITION == "en":
+        return english
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from afs_site import CHROME_ZH
+
+    if english in CHROME_ZH:
+        return CHROME_ZH[english]
+    import sphinx_book_theme
+    from babel.messages.pofile import read_po
+
+    po = Path(sphinx_book_theme.__file__).parent / (
+        "theme/sphinx_book_theme/static/locales/zh_CN/LC_MESSAGES/booktheme.po"
+    )
+    with po.open("rb") as f:
+        message = read_po(f).get(english)
+    assert message is not None and message.string, f"no Chinese label for {english!r}"
+    return message.string
+
+
 def page_title(docname: str) -> str:
     """The H1 the page should show in this edition."""
     return translated(docname, source_title(docname))

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 from allowed_errors import problems
-from bookpages import BOOK_DIR, CONFIG, EDITION, PAGES, Tab, is_placeholder, page_title, suffix_of
+from bookpages import (
+    BOOK_DIR,
+    CONFIG,
+    EDITION,
+    PAGES,
+    Tab,
+    is_placeholder,
+    page_title,
+    suffix_of,
+    ui_label,
+)
 
 from book_urls import expected_urls
 
@@ -23,7 +33,11 @@ def words(text: str) -> list[str]:
 
 
 def titled(title: str) -> str:
-    """CSS for a header button by its title (Bootstrap moves `title` into a data attribute)."""
+    """CSS for a header button by its English title, as this edition shows it.
+
+    (Bootstrap moves `title` into a data attribute.)
+    """
+    title = ui_label(title)
     return f':is([title="{title}"], [data-bs-original-title="{title}"])'
 
 
@@ -98,6 +112,17 @@ def test_no_dead_widgets_and_no_widget_cdn(loaded, docname: str) -> None:
     assert found == {"views": 0, "boxes": 0, "scripts": [], "text": False}, f"{docname}: {found}"
 
 
+# The header buttons, by their English titles.
+BUTTONS = [
+    "Source repository",
+    "Suggest edit",
+    "Open an issue",
+    "Download source file",
+    "Launch on Binder",
+    "Launch on Colab",
+]
+
+
 def test_header_buttons_carry_the_configured_urls(loaded, docname: str) -> None:
     tab = loaded(docname)
     suffix = suffix_of(docname)
@@ -106,15 +131,16 @@ def test_header_buttons_carry_the_configured_urls(loaded, docname: str) -> None:
         """() => Object.fromEntries([...document.querySelectorAll('.article-header-buttons a')]
             .map(a => [a.title || a.dataset.bsOriginalTitle, a.getAttribute('href')]))"""
     )
-    assert got.get("Source repository") == want.repository, got
-    assert got.get("Suggest edit") == want.edit, got
-    assert got.get("Open an issue", "").startswith(want.issues_prefix), got
-    assert got.get("Download source file") == "../" * docname.count("/") + want.download, got
+    got = {title: got.get(ui_label(title)) for title in BUTTONS}
+    assert got["Source repository"] == want.repository, got
+    assert got["Suggest edit"] == want.edit, got
+    assert (got["Open an issue"] or "").startswith(want.issues_prefix), got
+    assert got["Download source file"] == "../" * docname.count("/") + want.download, got
     if suffix == ".ipynb":
-        assert got.get("Launch on Binder") == want.binder, got
-        assert got.get("Launch on Colab") == want.colab, got
+        assert got["Launch on Binder"] == want.binder, got
+        assert got["Launch on Colab"] == want.colab, got
     else:
-        assert "Launch on Binder" not in got and "Launch on Colab" not in got, got
+        assert got["Launch on Binder"] is None and got["Launch on Colab"] is None, got
 
 
 def test_launch_menu_shows_binder_and_colab(loaded, notebook: str) -> None:
