@@ -182,7 +182,8 @@ class KeepDocstringsUntranslated(SphinxTransform):
     names its source ``<file>:docstring of <object>``.
 
     Runs before Sphinx's ``Locale`` transform (priority 20), so the gettext builder leaves
-    these messages out of the catalogs and a translated build leaves them in English.
+    these messages out of the catalogs and a translated build leaves them in English. The
+    class ``afs-docstring`` marks them in the HTML.
     """
 
     default_priority = 10
@@ -191,6 +192,7 @@ class KeepDocstringsUntranslated(SphinxTransform):
         for node in self.document.findall(nodes.TextElement):
             if ":docstring of " in (node.source or "") or _inside_desc(node):
                 node["translatable"] = False
+                node["classes"].append("afs-docstring")  # tests skip it in the zh pages
 
 
 class TranslateTocCaptions(SphinxTransform):

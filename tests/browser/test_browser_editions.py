@@ -76,6 +76,7 @@ UNTRANSLATED = [
     ".math",
     ".afs-explorer",
     "dl.py",
+    ".afs-docstring",
     "dl.glossary > dt",
     ".citation",
     ".bibliography",
