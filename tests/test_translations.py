@@ -49,6 +49,25 @@ def test_catalogs_match_the_english_text(tmp_path: Path) -> None:
     )
 
 
+def test_code_and_outputs_are_not_in_the_catalogs() -> None:
+    """Only prose is translated: no code cell and no printed output becomes a message."""
+    import json
+
+    code = set()
+    for notebook in sorted((ROOT / "book").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            code.add("".join(cell["source"]).strip())
+            for out in cell.get("outputs", []):
+                code.add("".join(out.get("text", "")).strip())
+    code.discard("")
+    assert len(code) > 100  # the notebooks were read
+    messages = {m.id.strip() for path in CATALOGS for m in i18n.messages(i18n.load(path))}
+    assert not messages & code, sorted(messages & code)[:5]
+    assert not [m for m in messages if m.startswith(("import ", "from ", "torch."))]
+
+
 def test_catalogs_have_no_source_locations_or_obsolete_entries() -> None:
     for path in CATALOGS:
         text = path.read_text(encoding="utf-8")
