@@ -118,7 +118,6 @@ CHROME_ZH = {
     "Hide code cell outputs": "隐藏输出",
     "Show code cell content": "显示代码单元",
     "Hide code cell content": "隐藏代码单元",
-    "© Copyright 2026.": "© 版权所有 2026。",
 }
 # An exact label: an attribute's whole value, or an element's whole text (spaces around).
 _LABEL = re.compile(
@@ -147,9 +146,11 @@ def _translate_chrome(app: Any, exception: Exception | None) -> None:
         return
     if app.builder.format != "html":
         return
+    year = app.config.copyright  # the footer's "© Copyright 2026."
+    table = {**CHROME_ZH, f"© Copyright {year}.": f"© 版权所有 {year}。"}
     for path in Path(app.outdir).rglob("*.html"):
         html = path.read_text(encoding="utf-8")
-        new = translate_chrome(html)
+        new = translate_chrome(html, table)
         if new != html:
             path.write_text(new, encoding="utf-8")
 
