@@ -30,7 +30,7 @@ nbval: $(STAMP)
 	$(PY) -m pytest book $(NBVAL) -q
 
 build-strict: $(STAMP)
-	rm -rf _build/html _build/.doctrees _build/.doctrees-zh
+	rm -rf _build/html _build/zh _build/.doctrees _build/.doctrees-zh
 	$(PY) tools/build_book.py --strict
 
 ## make browser: the browser suite on the English edition, then on the Chinese one

@@ -16,6 +16,7 @@ jupyter-book's Python entry point, which is the only way to pass the language ov
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,16 +25,19 @@ from jupyter_book.sphinx import build_sphinx
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build"
 
-# Edition code -> (Sphinx language, output folder, doctree folder).
-EDITIONS: dict[str, tuple[str, Path, Path]] = {
-    "en": ("en", BUILD / "html", BUILD / ".doctrees"),
-    "zh": ("zh_CN", BUILD / "html" / "zh", BUILD / ".doctrees-zh"),
+# Edition code -> (Sphinx language, Sphinx's output folder, doctree folder, published folder).
+# The Chinese edition is built beside the English one, then copied into its zh/ folder:
+# myst-nb writes its scratch folder `jupyter_execute` next to the output folder, which would
+# otherwise put a second copy of every figure into the published site.
+EDITIONS: dict[str, tuple[str, Path, Path, Path]] = {
+    "en": ("en", BUILD / "html", BUILD / ".doctrees", BUILD / "html"),
+    "zh": ("zh_CN", BUILD / "zh" / "html", BUILD / ".doctrees-zh", BUILD / "html" / "zh"),
 }
 
 
 def build(edition: str, *, strict: bool) -> int:
     """Build one edition; returns Sphinx's exit status (0 when it succeeded)."""
-    language, outdir, doctrees = EDITIONS[edition]
+    language, outdir, doctrees, published = EDITIONS[edition]
     overrides = {
         "external_toc_path": "_toc.yml",
         "latex_individualpages": False,
@@ -41,7 +45,7 @@ def build(edition: str, *, strict: bool) -> int:
     }
     if strict:
         overrides["nitpicky"] = True
-    print(f"Building the {edition} edition into {outdir.relative_to(ROOT)}", flush=True)
+    print(f"Building the {edition} edition into {published.relative_to(ROOT)}", flush=True)
     result = build_sphinx(
         ROOT,
         outdir,
@@ -53,7 +57,12 @@ def build(edition: str, *, strict: bool) -> int:
         warningiserror=strict,
         keep_going=strict,
     )
-    return result if isinstance(result, int) else 1
+    if result != 0 or not isinstance(result, int):
+        return result if isinstance(result, int) else 1
+    if published != outdir:
+        shutil.rmtree(published, ignore_errors=True)
+        shutil.copytree(outdir, published)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,3 +174,9 @@ def test_the_english_left_check_can_fail() -> None:
         '<nav><a title="Suggest edit">建议</a><p>Building attention</p></nav><article>x</article>'
     )
     assert english_chrome(chrome) == ["Building attention", "Suggest edit"]
+
+
+def test_the_site_carries_one_copy_of_the_figures() -> None:
+    """Both editions' pages, each figure once per edition, and no build scratch folder."""
+    assert (SITE_DIR / "index.html").exists() and (SITE_DIR / "zh" / "index.html").exists()
+    assert not (SITE_DIR / "jupyter_execute").exists(), "myst-nb's scratch folder is published"
