@@ -16,6 +16,7 @@ which adds new messages (empty), marks changed ones fuzzy and drops the ones tha
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -203,6 +204,37 @@ def extract(pot_dir: Path = POT_DIR, doctrees: Path | None = None) -> None:
     )
     if result != 0:
         raise SystemExit(f"the gettext build failed ({result})")
+    _add_figure_alts(pot_dir)
+
+
+def figure_alts(notebook: Path) -> list[str]:
+    """The alt texts of a notebook's figures (``mystnb.image.alt`` in a cell's metadata)."""
+    alts = []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        image = cell.get("metadata", {}).get("mystnb", {}).get("image", {})
+        if isinstance(image, dict) and image.get("alt"):
+            alts.append(image["alt"])
+    return alts
+
+
+def _add_figure_alts(pot_dir: Path) -> None:
+    """Add the figures' alt texts to their page's ``.pot``.
+
+    They are prose for screen readers, but myst-nb turns outputs into images only after
+    Sphinx has extracted and translated the page, so the gettext builder never sees them;
+    book/_ext/afs_site.py translates them in the built page instead.
+    """
+    for notebook in sorted((ROOT / "book").glob("*.ipynb")):
+        pot = pot_dir / "book" / f"{notebook.stem}.pot"
+        alts = figure_alts(notebook)
+        if not alts or not pot.exists():
+            continue
+        catalog = load(pot)
+        for alt in alts:
+            if alt not in catalog:
+                catalog.add(alt)
+        with pot.open("wb") as f:
+            write_po(f, catalog, width=0, omit_header=False)
 
 
 def _tidy(paths: Iterable[Path]) -> None:

@@ -25,6 +25,7 @@ The reference page's own prose is translated like every other page.
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,33 @@ def _translate_site_text(app: Any, config: Any) -> None:
         config.html_title = SITE_TEXT_ZH["html_title"]
 
 
+_ALT = re.compile(r'(<img\b[^>]*?\balt=")([^"]*)(")')
+
+
+def _translate_figure_alts(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
+    """In a translated edition, the figures' alt texts from the page's catalog.
+
+    myst-nb makes the images after Sphinx has translated the page, so Sphinx cannot;
+    tools/i18n.py puts the alt texts into the catalogs.
+    """
+    body = context.get("body")
+    if not isinstance(body, str) or not app.config.language or app.config.language == "en":
+        return
+    dirs = [str(Path(app.srcdir, d)) for d in app.config.locale_dirs]
+    domain = docname_to_domain(pagename, app.config.gettext_compact)
+    catalog, found = init_locale(dirs, app.config.language, domain)
+    if not found:
+        return
+
+    def swap(m: re.Match) -> str:
+        alt = html.unescape(m.group(2))
+        return f"{m.group(1)}{html.escape(catalog.gettext(alt), quote=True)}{m.group(3)}"
+
+    context["body"] = _ALT.sub(swap, body)
+
+
 def _language_links(
     app: Any, pagename: str, templatename: str, context: dict, doctree: Any
 ) -> None:
@@ -225,6 +253,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_transform(KeepDocstringsUntranslated)
     app.add_transform(TranslateTocCaptions)
     app.connect("html-page-context", _language_links)
+    app.connect("html-page-context", _translate_figure_alts)
     app.connect("config-inited", _translate_site_text)
     app.connect("build-finished", _translate_chrome)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's

@@ -89,18 +89,22 @@ CJK = re.compile(r"[\u3400-\u9fff]")
 
 
 def english_left(html: str) -> list[str]:
-    """Prose elements of the article with three or more English words and no Chinese."""
+    """Prose elements and figure alt texts of the article with three or more English words
+    and no Chinese. The sliders' frames are left out: their labels are figure text.
+    """
     from bs4 import BeautifulSoup
 
     article = BeautifulSoup(html, "html.parser").select_one("article")
     if article is None:
         return ["no <article>"]
+    # Figures' alt texts (for screen readers), before the cell outputs that hold them go.
+    texts = [img.get("alt", "") for img in article.select("img:not(.afs-explorer img)")]
     for selector in UNTRANSLATED:
         for node in article.select(selector):
             node.decompose()
+    texts += [node.get_text(" ") for node in article.select(PROSE)]
     left = []
-    for node in article.select(PROSE):
-        text = " ".join(node.get_text(" ").split())
+    for text in (" ".join(t.split()) for t in texts):
         if len(ENGLISH_WORD.findall(text)) >= 3 and not CJK.search(text):
             left.append(text[:80])
     return left
@@ -167,9 +171,10 @@ def test_site_labels_are_in_chinese(docname: str) -> None:
 def test_the_english_left_check_can_fail() -> None:
     html = (
         "<article><h1>3. Softmax and its temperature</h1><p>温度 makes it sharper.</p>"
-        "<div class='cell_output'><pre>tensor values printed here</pre></div></article>"
+        "<div class='cell_output'><pre>tensor values printed here</pre>"
+        "<img alt='Heatmap of the weights'></div></article>"
     )
-    assert english_left(html) == ["3. Softmax and its temperature"]
+    assert english_left(html) == ["Heatmap of the weights", "3. Softmax and its temperature"]
     chrome = (
         '<nav><a title="Suggest edit">建议</a><p>Building attention</p></nav><article>x</article>'
     )
