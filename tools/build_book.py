@@ -57,7 +57,7 @@ def build(edition: str, *, strict: bool) -> int:
         warningiserror=strict,
         keep_going=strict,
     )
-    if result != 0 or not isinstance(result, int):
+    if result != 0:  # an exit status, or the exception that stopped the build
         return result if isinstance(result, int) else 1
     if published != outdir:
         shutil.rmtree(published, ignore_errors=True)

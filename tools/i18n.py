@@ -308,11 +308,7 @@ def rendered_problems(name: str, html_dir: Path, edition: str = "zh") -> list[Pr
 def compare(names: list[str]) -> int:
     html_dir = ROOT / "_build" / "html"
     names = names or [docname(p) for p in catalog_paths()]
-    problems = [p for name in names for p in rendered_problems(name, html_dir)]
-    for p in problems:
-        print(p)
-    print(f"{len(problems)} problem(s)")
-    return 1 if problems else 0
+    return _report([p for name in names for p in rendered_problems(name, html_dir)])
 
 
 def check(names: list[str]) -> int:
@@ -323,6 +319,11 @@ def check(names: list[str]) -> int:
         if not names or docname(path, language) in names
         for p in catalog_problems(path, language)
     ]
+    return _report(problems)
+
+
+def _report(problems: list[Problem]) -> int:
+    """Print the problems, one per line, and their count; the exit status."""
     for p in problems:
         print(p)
     print(f"{len(problems)} problem(s)")

@@ -142,8 +142,22 @@ def translate_chrome(html: str, table: dict[str, str] = CHROME_ZH) -> str:
     return "".join(p if i % 2 else _LABEL.sub(swap, p) for i, p in enumerate(parts))
 
 
+def _is_chinese(config: Any) -> bool:
+    return (config.language or "").startswith("zh")
+
+
+def _page_catalog(srcdir: str | Path, config: Any, docname: str) -> Any | None:
+    """The translations of ``docname``'s catalog (None in English or without a catalog)."""
+    if (config.language or "en") == "en":
+        return None
+    dirs = [str(Path(srcdir, d)) for d in config.locale_dirs]
+    domain = docname_to_domain(docname, config.gettext_compact)
+    catalog, found = init_locale(dirs, config.language, domain)
+    return catalog if found else None
+
+
 def _translate_chrome(app: Any, exception: Exception | None) -> None:
-    if exception is not None or not (app.config.language or "").startswith("zh"):
+    if exception is not None or not _is_chinese(app.config):
         return
     if app.builder.format != "html":
         return
@@ -157,7 +171,7 @@ def _translate_chrome(app: Any, exception: Exception | None) -> None:
 
 
 def _translate_site_text(app: Any, config: Any) -> None:
-    if (config.language or "").startswith("zh"):
+    if _is_chinese(config):
         config.html_theme_options = {
             **config.html_theme_options,
             "search_bar_text": SITE_TEXT_ZH["search_bar_text"],
@@ -177,12 +191,8 @@ def _translate_figure_alts(
     tools/i18n.py puts the alt texts into the catalogs.
     """
     body = context.get("body")
-    if not isinstance(body, str) or not app.config.language or app.config.language == "en":
-        return
-    dirs = [str(Path(app.srcdir, d)) for d in app.config.locale_dirs]
-    domain = docname_to_domain(pagename, app.config.gettext_compact)
-    catalog, found = init_locale(dirs, app.config.language, domain)
-    if not found:
+    catalog = _page_catalog(app.srcdir, app.config, pagename)
+    if not isinstance(body, str) or catalog is None:
         return
 
     def swap(m: re.Match) -> str:
@@ -236,17 +246,12 @@ class TranslateTocCaptions(SphinxTransform):
     default_priority = 150
 
     def apply(self, **kwargs: Any) -> None:
-        if not self.config.language or self.config.language == "en":
-            return
         toctrees = [t for t in self.document.findall(addnodes.toctree) if t.get("caption")]
-        if not toctrees:
-            return
-        dirs = [str(Path(self.env.srcdir, d)) for d in self.config.locale_dirs]
-        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
-        catalog, found = init_locale(dirs, self.config.language, domain)
-        if found:
-            for toctree in toctrees:
-                toctree["caption"] = catalog.gettext(toctree["caption"])
+        catalog = (
+            _page_catalog(self.env.srcdir, self.config, self.env.docname) if toctrees else None
+        )
+        for toctree in toctrees if catalog else []:
+            toctree["caption"] = catalog.gettext(toctree["caption"])
 
 
 def setup(app: Any) -> dict[str, Any]:

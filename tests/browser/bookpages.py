@@ -77,13 +77,8 @@ def translated(docname: str, english: str) -> str:
     """``english`` (a message of the page) as this edition shows it."""
     if EDITION == "en":
         return english
-    from babel.messages.pofile import read_po
-
     path = BOOK_DIR / "locale" / "zh_CN" / "LC_MESSAGES" / f"{docname}.po"
-    with path.open("rb") as f:
-        message = read_po(f).get(english)
-    assert message is not None and message.string, f"{path}: no translation of {english!r}"
-    return re.sub(r"^(\d+)\\\.", r"\1.", message.string)  # the escaped number of "3\. ..."
+    return re.sub(r"^(\d+)\\\.", r"\1.", _translation(path, english))  # "3\. ..." -> "3. ..."
 
 
 def ui_label(english: str) -> str:
@@ -100,14 +95,20 @@ def ui_label(english: str) -> str:
     if english in CHROME_ZH:
         return CHROME_ZH[english]
     import sphinx_book_theme
-    from babel.messages.pofile import read_po
 
     po = Path(sphinx_book_theme.__file__).parent / (
         "theme/sphinx_book_theme/static/locales/zh_CN/LC_MESSAGES/booktheme.po"
     )
+    return _translation(po, english)
+
+
+def _translation(po: Path, english: str) -> str:
+    """The translation of ``english`` in the catalog ``po`` (fails when there is none)."""
+    from babel.messages.pofile import read_po
+
     with po.open("rb") as f:
         message = read_po(f).get(english)
-    assert message is not None and message.string, f"no Chinese label for {english!r}"
+    assert message is not None and message.string, f"{po}: no translation of {english!r}"
     return message.string
 
 
