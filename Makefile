@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-NBVAL  := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+NBVAL  := --nbval --nbval-sanitize-with tests/book/nbval_sanitize.cfg -p no:cacheprovider
 
-.PHONY: book test unit nbval build-strict browser lab execute catalogs clean
+.PHONY: book test unit booktests nbval build-strict browser lab execute catalogs clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,12 +19,18 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	$(PY) tools/build_book.py
 
-## make test: unit tests, nbval over every notebook, the strict book build, browser tests
-test: unit nbval build-strict browser
+## make test: the library's tests, the book's tests, nbval over every notebook, the strict
+## book build, browser tests
+test: unit booktests nbval build-strict browser
 	@echo "All tests passed."
 
+## make unit: the library's tests (tests/lib); nothing here reads or builds the book
 unit: $(STAMP)
-	$(PY) -m pytest tests --ignore=tests/browser -p no:cacheprovider -q
+	$(PY) -m pytest tests/lib -p no:cacheprovider -q
+
+## make booktests: the book's tests (tests/book): notebooks' structure, catalogs, config, Binder
+booktests: $(STAMP)
+	$(PY) -m pytest tests/book -p no:cacheprovider -q
 
 nbval: $(STAMP)
 	$(PY) -m pytest book $(NBVAL) -q

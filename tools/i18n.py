@@ -11,7 +11,7 @@ The catalogs are ``locale/<lang>/LC_MESSAGES/<docname>.po``, one per page (``get
 is off), without source locations, so a catalog changes only when its page's English text
 does. ``update`` runs Sphinx's gettext builder into ``_build/gettext`` and then sphinx-intl,
 which adds new messages (empty), marks changed ones fuzzy and drops the ones that are gone.
-``check`` is what ``tests/test_translations.py`` enforces.
+``check`` is what ``tests/book/test_translations.py`` enforces.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ LOCALE = ROOT / "locale"
 LANGUAGES = ("zh_CN",)
 POT_DIR = ROOT / "_build" / "gettext"
 
-# The one sentence that opens every chapter's exercises (tests/test_book_structure.py checks
+# The one sentence that opens every chapter's exercises (tests/book/test_book_structure.py checks
 # the English one), and its translation.
 EXERCISES_EN = (
     "Try each exercise before you open its solution; every solution runs and checks "

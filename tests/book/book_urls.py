@@ -2,7 +2,7 @@
 
 Every launch, edit, issue, repository and download URL of the book comes from the single
 `repository: {url, branch, path_to_book}` setting (plus the launch-button hosts). The
-browser suite checks the built book against these; tests/test_config_urls.py checks that
+browser suite checks the built book against these; tests/book/test_config_urls.py checks that
 changing the setting re-points them all. Not a test module: a helper both of them import.
 """
 
@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_config(path: Path = ROOT / "_config.yml") -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import i18n  # noqa: E402
@@ -20,7 +20,7 @@ CATALOGS = i18n.catalog_paths("zh_CN")
 
 
 def test_every_page_of_the_toc_has_a_catalog() -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "book"))
     from book_urls import toc_entries
 
     pages = set(toc_entries(ROOT / "_toc.yml"))
