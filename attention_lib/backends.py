@@ -1,17 +1,17 @@
 """Attention backends: a table from a name to the function that computes attention.
 
-:class:`~attention_lib.MultiHeadAttention` does its projections itself, then
-hands the per-head ``q, k, v`` to ``BACKENDS[backend]``. Every backend is
-called the same way::
+:class:`~attention_lib.MultiHeadAttention` validates its inputs, does its
+projections, then hands the per-head ``q, k, v`` to ``BACKENDS[backend]``.
+Every backend is called the same way and checks nothing::
 
-    fn(q, k, v, keep, *, dropout_p, is_causal, scale, **options) -> output
+    fn(q, k, v, keep, *, causal, dropout_p, scale, **options) -> output
 
-with ``q (B, H, Lq, d_k)``, ``k (B, H, Lk, d_k)``, ``v (B, H, Lk, d_k)``,
-``keep`` ``None`` or a **bool** keep-mask (``True`` = may attend) broadcastable
-to ``(B, H, Lq, Lk)`` and not yet combined with ``is_causal``, and ``output
-(B, H, Lq, d_k)``. The module has validated every argument before the call, so
-the ``"lib"`` and ``"torch"`` backends check nothing (``"tiled"`` is the public
-:func:`~attention_lib.tiled.tiled_attention`, which checks its arguments once more).
+with ``q (B, H, Lq, d_k)``, ``k (B, H_kv, Lk, d_k)``, ``v (B, H_kv, Lk, d_k)``
+(``H_kv`` divides ``H``: query head ``h`` reads key/value head
+``h // (H // H_kv)``, grouped-query attention), ``keep`` ``None`` or a **bool**
+keep-mask (``True`` = may attend) broadcastable to ``(B, H, Lq, Lk)``,
+``causal`` ``None`` or a :class:`~attention_lib.masks.Causal` (its offset and
+window) to combine with ``keep``, and ``output (B, H, Lq, d_k)``.
 
 * ``"lib"``: this package's :func:`~attention_lib.scaled_dot_product_attention`
   (readable; chapter 4);
@@ -31,25 +31,49 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import with_causal
-from .sdpa import _attention
-from .tiled import tiled_attention
+from .masks import Causal, with_causal
+from .sdpa import attend
+from .tiled import tiled_core
 
 
-def lib_backend(
+def expand_kv(t: Tensor, heads: int) -> Tensor:
+    """``(B, H_kv, L, d)`` keys or values -> ``(B, heads, L, d)``: head ``h`` is a
+    copy of head ``h // (heads // H_kv)`` (what ``repeat_kv`` does in 🤗 transformers)."""
+    batch, kv_heads, length, width = t.shape
+    if kv_heads == heads:
+        return t
+    grouped = t[:, :, None].expand(batch, kv_heads, heads // kv_heads, length, width)
+    return grouped.reshape(batch, heads, length, width)  # (B, H, L, d)
+
+
+def lib_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     keep: Tensor | None,
     *,
+    causal: Causal | None,
     dropout_p: float,
-    is_causal: bool,
     scale: float | None,
-) -> Tensor:
-    """The ``"lib"`` backend: :func:`~attention_lib.scaled_dot_product_attention`
-    without its checks, output only (see the module docstring for the arguments)."""
-    output, _ = _attention(q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    return output  # (B, H, Lq, d_k)
+) -> tuple[Tensor, Tensor]:
+    """This package's attention for grouped heads: ``(output, weights)``, with
+    ``weights (B, H, Lq, Lk)``. The ``G = H // H_kv`` query heads of a group are
+    attended as one extra dim against their shared key/value head, never copied."""
+    kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
+    if group > 1:
+        q = q.unflatten(1, (kv_heads, group))  # (B, H_kv, G, Lq, d_k)
+        k, v = k.unsqueeze(2), v.unsqueeze(2)  # (B, H_kv, 1, Lk, d_k)
+        if keep is not None and keep.dim() == 4:  # (B, 1 or H, Lq, Lk) -> 5 dims
+            keep = keep.unsqueeze(2) if keep.shape[1] == 1 else keep.unflatten(1, (kv_heads, group))
+    output, weights = attend(q, k, v, keep, causal=causal, dropout_p=dropout_p, scale=scale)
+    if group > 1:
+        output, weights = output.flatten(1, 2), weights.flatten(1, 2)  # (B, H, Lq, ...)
+    return output, weights
+
+
+def lib_backend(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, **kwargs) -> Tensor:
+    """The ``"lib"`` backend: :func:`lib_attention`, output only."""
+    return lib_attention(q, k, v, keep, **kwargs)[0]  # (B, H, Lq, d_k)
 
 
 def torch_backend(
@@ -58,35 +82,40 @@ def torch_backend(
     v: Tensor,
     keep: Tensor | None,
     *,
+    causal: Causal | None,
     dropout_p: float,
-    is_causal: bool,
     scale: float | None,
 ) -> Tensor:
     """The ``"torch"`` backend: PyTorch's fused ``F.scaled_dot_product_attention``.
 
     ``keep`` is already bool (``F.scaled_dot_product_attention`` would read a
-    float mask as an *additive bias*); a mask together with ``is_causal`` is
-    combined into one bool mask, because some torch kernels refuse both at once.
-    It cannot return the attention weights.
+    float mask as an *additive bias*). A plain top-left causal mask is passed as
+    ``is_causal=True``; any other (an offset after a cache, a window, or a mask
+    besides) is combined into one bool mask. Grouped key/value heads are
+    expanded to the query heads (a copy of K and V, never of the scores: 4-D
+    inputs keep PyTorch on its fused kernels).
     """
-    if keep is not None:
-        keep = with_causal(keep, q.shape[-2], k.shape[-2], is_causal, q.device)
+    fast_causal = causal == Causal() and keep is None
+    if not fast_causal:
+        keep = with_causal(keep, q.shape[-2], k.shape[-2], causal, q.device)
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, H, Lk, d_k)
     return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=keep,
-        dropout_p=dropout_p,
-        is_causal=is_causal and keep is None,
-        scale=scale,
+        q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=fast_causal, scale=scale
     )  # (B, H, Lq, d_k)
+
+
+def tiled_backend(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, **kwargs) -> Tensor:
+    """The ``"tiled"`` backend: :func:`~attention_lib.tiled.tiled_core` (chapter 8)
+    on key/value heads expanded to the query heads."""
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, H, Lk, d_k)
+    return tiled_core(q, k, v, keep, **kwargs)  # (B, H, Lq, d_k)
 
 
 #: The attention backends of :class:`~attention_lib.MultiHeadAttention`, by name.
 BACKENDS: dict[str, Callable[..., Tensor]] = {
     "lib": lib_backend,
     "torch": torch_backend,
-    "tiled": tiled_attention,
+    "tiled": tiled_backend,
 }
 
 

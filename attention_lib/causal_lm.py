@@ -23,35 +23,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, trusted_inputs
-from .encoder import (
-    POSITIONAL_KINDS,
-    Encoder,
-    SinusoidalPositionalEncoding,
-    _check_token_ids,
-    _position_module,
-)
+from .encoder import POSITIONAL_KINDS, Encoder, position_module
 from .kv_cache import KVCache
+from .validation import check_choice, check_instance, check_int, check_token_ids
 
 #: Accepted values of ``CausalLM(positional=...)``: chapter 7's kinds and RoPE.
 DECODER_POSITIONAL_KINDS = (*POSITIONAL_KINDS, "rope")
-
-
-def _bottom_right_causal_mask(
-    q_len: int, k_len: int, device: torch.device, window: int | None = None
-) -> Tensor:
-    """Keep-mask of ``q_len`` queries that are the *last* of ``k_len`` positions.
-
-    Query ``i`` sits at position ``p = k_len - q_len + i`` and may attend to keys
-    ``0 .. p`` (chapter 5, *Masking*); with a ``window``, only to keys
-    ``p - window < j <= p`` (chapter 10). With ``q_len == k_len`` it is the
-    ordinary causal (or sliding-window) mask. No checks (an internal helper).
-    """
-    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (Lq, Lk)
-    keep = keep.tril(diagonal=k_len - q_len)
-    if window is not None:
-        keep = keep.triu(diagonal=k_len - q_len - window + 1)  # and j > p - window
-    return keep
 
 
 class CausalLM(nn.Module):
@@ -111,10 +88,7 @@ class CausalLM(nn.Module):
         window: int | None = None,
     ) -> None:
         super().__init__()
-        if positional not in DECODER_POSITIONAL_KINDS:
-            raise ValueError(
-                f"positional must be one of {DECODER_POSITIONAL_KINDS}, got {positional!r}"
-            )
+        check_choice("positional", positional, DECODER_POSITIONAL_KINDS)
         self.window = None if window is None else check_int("window", window, minimum=1)
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
@@ -123,7 +97,7 @@ class CausalLM(nn.Module):
         self.embedding = nn.Embedding(vocab_size, d_model)
         # RoPE rotates queries and keys inside attention: nothing is added here.
         self.position = (
-            None if positional == "rope" else _position_module(positional, d_model, max_len)
+            None if positional == "rope" else position_module(positional, d_model, max_len)
         )
         self.blocks = Encoder(
             d_model,
@@ -134,6 +108,7 @@ class CausalLM(nn.Module):
             backend=backend,
             num_kv_heads=num_kv_heads,
             rope_base=rope_base if positional == "rope" else None,
+            window=window,
         )
         self.head = nn.Linear(d_model, vocab_size)
 
@@ -164,75 +139,48 @@ class CausalLM(nn.Module):
                 outside ``[0, vocab_size)``, or would run past ``max_len``; or
                 if the cache belongs to another batch, dtype or model.
         """
-        self._check_tokens(tokens)
-        self._check_cache(cache, tokens)
-        check_bool("need_weights", need_weights)
-        with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
-            return self._forward(tokens, cache, need_weights=need_weights)
-
-    def _forward(
-        self, tokens: Tensor, cache: KVCache | None, *, need_weights: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` without the checks (the per-token core of generation);
-        call it inside :func:`~attention_lib._checks.trusted_inputs`."""
+        check_token_ids(tokens, self.vocab_size)
+        past = 0 if cache is None else self.check_cache(cache)
+        if not 1 <= tokens.shape[1] <= self.max_len - past:
+            raise ValueError(
+                f"tokens must be (B, L) with 1 <= L <= max_len - cached = {self.max_len} - "
+                f"{past}, got shape {tuple(tokens.shape)}"
+            )
         length = tokens.shape[1]
-        past = 0 if cache is None else cache.position  # tokens seen before these
-        kept = 0 if cache is None else len(cache)  # ... of which the cache holds
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
         x = self.embedding(tokens)  # (B, L, d)
-        if isinstance(self.position, SinusoidalPositionalEncoding):
-            x = x + self.position.pe[positions].to(x.dtype)  # (B, L, d) + (L, d)
-        elif self.position is not None:
+        if isinstance(self.position, nn.Embedding):  # learned positions
             x = x + self.position(positions)  # (B, L, d) + (L, d)
-        # One new token sees every cached key and itself: nothing to mask (but the
-        # oldest key of a full rolling cache has just left the window).
-        mask = None
-        if length > 1 or self.window is not None:
-            mask = _bottom_right_causal_mask(length, kept + length, x.device, self.window)
-        out = self.blocks(x, mask, need_weights=need_weights, cache=cache)
+        elif self.position is not None:  # sinusoidal
+            x = self.position(x, positions)  # (B, L, d)
+        # Causal in every layer: bottom-right after the cached tokens (chapter 5), the
+        # layers' window if any, and RoPE at `positions`; prepared once, passed down.
+        out = self.blocks(
+            x, is_causal=True, need_weights=need_weights, cache=cache, positions=positions
+        )
         if not need_weights:
             return self.head(out)  # (B, L, V)
         hidden, weights = out
         return self.head(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
 
-    def _check_tokens(self, tokens: object) -> None:
-        tokens = _check_token_ids(tokens, self.vocab_size)
-        if tokens.shape[1] == 0:
-            raise ValueError(
-                f"tokens must have shape (B, L) with L >= 1, got shape {tuple(tokens.shape)}"
-            )
+    def check_cache(self, cache: object) -> int:
+        """Refuse a ``cache`` that this model cannot continue (another number of
+        layers, or a rolling window that is too small); return the number of
+        tokens it has seen. Each layer's attention checks that its own cache
+        holds the right batch, heads, width and dtype.
 
-    def _check_cache(self, cache: object, tokens: Tensor) -> None:
-        past = 0
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-            if cache.window is not None and (self.window is None or cache.window < self.window):
-                raise ValueError(
-                    f"a rolling cache of window={cache.window} would drop keys that this "
-                    f"model (window={self.window}) still attends to"
-                )
-            past = cache.position
-        if past + tokens.shape[1] > self.max_len:
+        Raises:
+            TypeError: if ``cache`` is not a :class:`~attention_lib.KVCache`.
+            ValueError: naming what does not fit.
+        """
+        check_instance("cache", cache, KVCache, "a KVCache or None")
+        if cache.window is not None and (self.window is None or cache.window < self.window):
             raise ValueError(
-                f"{past} cached + {tokens.shape[1]} new tokens is longer than "
-                f"max_len={self.max_len}"
+                f"a rolling cache of window={cache.window} would drop keys that this "
+                f"model (window={self.window}) still attends to"
             )
-        if not isinstance(cache, KVCache) or past == 0:
-            return
-        if len(cache.layers) != self.num_layers:
+        if cache.layers and len(cache.layers) != self.num_layers:
             raise ValueError(
-                f"cache holds {len(cache.layers)} layers, this model has {self.num_layers}"
+                f"cache holds {len(cache.layers)} layers, the model has {self.num_layers}"
             )
-        key = cache.layers[0].key
-        weight = self.head.weight
-        if key is None or key.shape[0] != tokens.shape[0]:
-            raise ValueError(
-                f"cache holds a batch of {0 if key is None else key.shape[0]} sequences, "
-                f"tokens has {tokens.shape[0]}"
-            )
-        if key.dtype != weight.dtype or key.device != weight.device:
-            raise ValueError(
-                f"cache holds {key.dtype} on {key.device}, the model is {weight.dtype} "
-                f"on {weight.device}"
-            )
+        return cache.position  # each layer's attention checks its own cache

@@ -24,69 +24,33 @@ Explained in chapter 7, *Attention that has learned something*.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from ._checks import (
-    check_bool,
-    check_dropout_p,
-    check_int,
-    check_integer_tensor,
-    check_tensor,
-    inputs_trusted,
-    trusted_inputs,
-)
 from .kv_cache import KVCache, LayerKVCache
 from .mha import MultiHeadAttention
+from .rope import inverse_frequencies
+from .validation import (
+    check_base,
+    check_choice,
+    check_dropout_p,
+    check_instance,
+    check_int,
+    check_token_ids,
+)
 
 #: Accepted values of ``TokenClassifier(positional=...)`` and ``CausalLM(positional=...)``.
 POSITIONAL_KINDS = ("sinusoidal", "learned", None)
 
 
-def _position_module(positional: object, d_model: int, max_len: int) -> nn.Module | None:
+def position_module(positional: object, d_model: int, max_len: int) -> nn.Module | None:
     """The module that adds positions to the token embeddings of a model:
     ``SinusoidalPositionalEncoding``, a learned ``nn.Embedding(max_len, d_model)``,
     or ``None`` (no positions)."""
-    if positional not in POSITIONAL_KINDS:
-        raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
+    check_choice("positional", positional, POSITIONAL_KINDS)
     if positional == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
-    if positional == "learned":
-        return nn.Embedding(max_len, d_model)
-    return None
-
-
-def _check_token_ids(tokens: object, vocab_size: int) -> Tensor:
-    """``tokens`` must be an integer ``(B, L)`` tensor of ids in ``[0, vocab_size)``."""
-    tokens = check_integer_tensor("tokens", tokens, what=" of ids")
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ValueError(
-            f"tokens must hold ids in [0, vocab_size={vocab_size}), got values in "
-            f"[{int(tokens.min())}, {int(tokens.max())}]"
-        )
-    return tokens
-
-
-def _check_model_input(x: object, d_model: int) -> Tensor:
-    """``x`` must be a floating ``(B, L, d_model)`` tensor."""
-    x = check_tensor("x", x, min_dim=3)
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (B, L, d_model={d_model}), got shape {tuple(x.shape)}")
-    return x
-
-
-def _check_layer_input(
-    attention: MultiHeadAttention, x: object, mask: object, kv_cache: LayerKVCache | None
-) -> Tensor | None:
-    """The checks of a layer stack's input ``x`` ``(B, L, d_model)`` and its
-    self-attention ``mask``; returns the mask as bool (see
-    :meth:`MultiHeadAttention._check_inputs`)."""
-    attention._check_input("x", x)
-    return attention._check_mask(mask, x.shape[0], x.shape[1], x.shape[1], kv_cache)
+    return nn.Embedding(max_len, d_model) if positional == "learned" else None
 
 
 def sinusoidal_positional_encoding(
@@ -130,14 +94,11 @@ def sinusoidal_positional_encoding(
     """
     max_len = check_int("max_len", max_len, minimum=1)
     d_model = check_int("d_model", d_model, minimum=1)
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1.0:
-        raise ValueError(f"base must be a number > 1, got {base!r}")
+    omega = inverse_frequencies(d_model, check_base(base), device)  # (ceil(d/2),)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype, got {dtype!r}")
     # Angles in float64, rounded once at the end, so every dtype gets its best values.
     position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (L, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(d/2),)
-    omega = torch.exp(-math.log(base) * two_i / d_model)  # (ceil(d/2),)
     angle = position * omega  # (L, ceil(d/2))
     pe = torch.empty(max_len, d_model, dtype=torch.float64, device=device)
     pe[:, 0::2] = torch.sin(angle)
@@ -172,16 +133,11 @@ class SinusoidalPositionalEncoding(nn.Module):
         pe = sinusoidal_positional_encoding(max_len, d_model, base=base)  # (max_len, d)
         self.register_buffer("pe", pe, persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Return ``x + PE[:L]`` for ``x`` of shape ``(B, L, d_model)``."""
-        if not inputs_trusted():
-            x = _check_model_input(x, self.d_model)
-            if x.shape[1] > self.max_len:
-                raise ValueError(
-                    f"x has sequence length {x.shape[1]}, longer than max_len={self.max_len} "
-                    "of this positional encoding"
-                )
-        return x + self.pe[: x.shape[1]].to(x.dtype)  # (B, L, d) + (L, d) -> (B, L, d)
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Return ``x + PE[positions]`` for ``x`` of shape ``(B, L, d_model)``
+        (``positions`` defaults to ``0 .. L-1``). A building block: no checks."""
+        pe = self.pe[: x.shape[1]] if positions is None else self.pe[positions]  # (L, d)
+        return x + pe.to(x.dtype)  # (B, L, d) + (L, d) -> (B, L, d)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
@@ -218,14 +174,8 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Apply the MLP to every position of ``x`` (``(..., d_model)``)."""
-        if not inputs_trusted():
-            x = check_tensor("x", x, min_dim=1)
-            if x.shape[-1] != self.linear1.in_features:
-                raise ValueError(
-                    f"x must have last dim d_model={self.linear1.in_features}, "
-                    f"got shape {tuple(x.shape)}"
-                )
+        """Apply the MLP to every position of ``x`` (``(..., d_model)``). A building
+        block: no checks."""
         hidden = self.dropout(self.activation(self.linear1(x)))  # (..., d_ff)
         return self.linear2(hidden)  # (..., d_model)
 
@@ -258,6 +208,12 @@ class EncoderLayer(nn.Module):
             attention, chapter 10); ``None`` means ``num_heads``.
         rope_base: rotary position embeddings in the self-attention with this
             base (chapter 10); ``None`` for none.
+        window: a causal sliding window of the self-attention (chapter 10);
+            ``None`` for none.
+
+    A building block: its ``forward`` checks nothing itself; its
+    self-attention, a :class:`~attention_lib.MultiHeadAttention`, validates
+    what it is given.
 
     Shapes:
         - x: ``(B, L, d_model)``
@@ -277,6 +233,7 @@ class EncoderLayer(nn.Module):
         backend: str = "lib",
         num_kv_heads: int | None = None,
         rope_base: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
@@ -290,6 +247,7 @@ class EncoderLayer(nn.Module):
             backend=backend,
             num_kv_heads=num_kv_heads,
             rope_base=rope_base,
+            window=window,
         )
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
@@ -301,38 +259,45 @@ class EncoderLayer(nn.Module):
         x: Tensor,
         mask: Tensor | None = None,
         *,
+        is_causal: bool = False,
         need_weights: bool = False,
         kv_cache: LayerKVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Run the layer; with ``need_weights=True`` also return ``(B, H, L, L)`` weights.
+        """Run the layer; with ``need_weights=True`` also return the weights.
 
         Args:
             x: ``(B, L, d_model)`` input.
-            mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
+            mask: keep-mask broadcastable to ``(B, H, L, T + L)``, or ``None``.
+            is_causal: causal self-attention (bottom-right after a cache; see
+                :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`).
             need_weights: also return the self-attention weights.
-            kv_cache: the self-attention's cache of earlier keys and values
-                (chapter 9); the keys then count them too: ``(B, H, L, T + L)``.
+            kv_cache: the self-attention's cache of ``T`` earlier keys and
+                values (chapter 9); the keys then count them too.
+            positions: the RoPE positions of the tokens, if the layer has RoPE.
 
         Returns:
-            ``output`` ``(B, L, d_model)``, or ``(output, weights)``.
+            ``output`` ``(B, L, d_model)``, or ``(output, weights)`` with
+            weights ``(B, H, L, T + L)``.
 
         Raises:
             TypeError, ValueError: on bad input, as
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`.
         """
-        if inputs_trusted():  # an outer module has checked them: mask is a bool keep-mask
-            keep = mask
-        else:
-            keep = _check_layer_input(self.self_attn, x, mask, kv_cache)
-            check_bool("need_weights", need_weights)
-        with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
-            h = self.norm1(x)  # (B, L, d)
-            attended = self.self_attn(
-                h, h, h, keep, need_weights=need_weights, kv_cache=kv_cache
-            )  # (B, L, d), or with (B, H, L, Lk) weights
-            attn, weights = attended if need_weights else (attended, None)
-            x = x + self.dropout1(attn)
-            x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
+        h = self.norm1(x)  # (B, L, d)
+        attended = self.self_attn(
+            h,
+            h,
+            h,
+            mask,
+            is_causal=is_causal,
+            need_weights=need_weights,
+            kv_cache=kv_cache,
+            positions=positions,
+        )  # (B, L, d), or with (B, H, L, Lk) weights
+        attn, weights = attended if need_weights else (attended, None)
+        x = x + self.dropout1(attn)
+        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
 
 
@@ -355,6 +320,7 @@ class Encoder(nn.Module):
         backend: attention backend of every layer (see :class:`EncoderLayer`).
         num_kv_heads: key/value heads of every layer (see :class:`EncoderLayer`).
         rope_base: RoPE base of every layer (see :class:`EncoderLayer`).
+        window: sliding window of every layer (see :class:`EncoderLayer`).
 
     Shapes:
         - x: ``(B, L, d_model)``
@@ -374,6 +340,7 @@ class Encoder(nn.Module):
         backend: str = "lib",
         num_kv_heads: int | None = None,
         rope_base: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         check_int("num_layers", num_layers, minimum=1)
@@ -387,6 +354,7 @@ class Encoder(nn.Module):
                 backend=backend,
                 num_kv_heads=num_kv_heads,
                 rope_base=rope_base,
+                window=window,
             )
             for _ in range(num_layers)
         )
@@ -412,46 +380,50 @@ class Encoder(nn.Module):
         x: Tensor,
         mask: Tensor | None = None,
         *,
+        is_causal: bool = False,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Run every layer; with ``need_weights=True`` also return all weights.
 
+        The mask, the causal flag and the positions are passed unchanged to
+        every layer, whose self-attention validates them.
+
         Args:
             x: ``(B, L, d_model)`` input.
-            mask: keep-mask broadcastable to ``(B, H, L, L)``, or ``None``.
+            mask: keep-mask broadcastable to ``(B, H, L, T + L)``, or ``None``.
+            is_causal: causal self-attention in every layer.
             need_weights: also return the attention weights of every layer.
             cache: a :class:`~attention_lib.KVCache`; layer ``i`` appends its
                 keys and values to ``cache.layer(i)`` and attends to all of them
                 (chapter 9).
+            positions: the RoPE positions of the tokens (see
+                :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`).
 
         Returns:
             ``output`` ``(B, L, d_model)``, or ``(output, weights)`` with weights
-            of shape ``(B, num_layers, H, L, L)``.
+            of shape ``(B, num_layers, H, L, T + L)``.
 
         Raises:
             TypeError, ValueError: on bad input, as
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`,
                 or a ``cache`` that is not a :class:`~attention_lib.KVCache`.
         """
-        if inputs_trusted():  # an outer module has checked them: mask is a bool keep-mask
-            keep = mask
-        else:
-            if cache is not None and not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-            first = cache.layers[0] if cache is not None and cache.layers else None
-            keep = _check_layer_input(self.layers[0].self_attn, x, mask, first)
-            check_bool("need_weights", need_weights)
+        if cache is not None:
+            check_instance("cache", cache, KVCache, "a KVCache or None")
         all_weights = []
-        with trusted_inputs():  # the layers run as modules (hooks work), unchecked
-            for i, layer in enumerate(self.layers):
-                kv_cache = None if cache is None else cache.layer(i)
-                out = layer(x, keep, need_weights=need_weights, kv_cache=kv_cache)
-                if need_weights:
-                    x, weights = out  # (B, L, d), (B, H, L, Lk)
-                    all_weights.append(weights)
-                else:
-                    x = out  # (B, L, d)
+        for i, layer in enumerate(self.layers):
+            out = layer(
+                x,
+                mask,
+                is_causal=is_causal,
+                need_weights=need_weights,
+                kv_cache=None if cache is None else cache.layer(i),
+                positions=positions,
+            )
+            x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
+            all_weights.append(weights)
         x = self.norm(x)
         if not need_weights:
             return x
@@ -513,7 +485,7 @@ class TokenClassifier(nn.Module):
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
         self.positional = positional
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.position = _position_module(positional, d_model, max_len)
+        self.position = position_module(positional, d_model, max_len)
         self.encoder = Encoder(d_model, num_heads, num_layers, d_ff, dropout, backend=backend)
         self.head = nn.Linear(d_model, self.num_classes)
 
@@ -538,26 +510,16 @@ class TokenClassifier(nn.Module):
                 holds ids outside ``[0, vocab_size)``, or ``mask`` does not
                 broadcast to ``(B, H, L, L)``.
         """
-        self._check_tokens(tokens)
-        batch, length = tokens.shape
-        keep = self.encoder.layers[0].self_attn._check_mask(mask, batch, length, length)
-        check_bool("need_weights", need_weights)
+        check_token_ids(tokens, self.vocab_size)
+        if tokens.shape[1] > self.max_len:
+            raise ValueError(f"tokens has length {tokens.shape[1]} > max_len={self.max_len}")
         x = self.embedding(tokens)  # (B, L, d)
-        with trusted_inputs():  # the submodules run as modules (hooks work), unchecked
-            if isinstance(self.position, SinusoidalPositionalEncoding):
-                x = self.position(x)
-            elif self.position is not None:
-                positions = torch.arange(length, device=tokens.device)  # (L,)
-                x = x + self.position(positions)  # (B, L, d) + (L, d)
-            out = self.encoder(x, keep, need_weights=need_weights)
+        if isinstance(self.position, nn.Embedding):  # learned positions
+            x = x + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        elif self.position is not None:
+            x = self.position(x)  # + the sinusoidal encodings
+        out = self.encoder(x, mask, need_weights=need_weights)
         if not need_weights:
             return self.head(out)  # (B, L, C)
         hidden, weights = out
         return self.head(hidden), weights  # (B, L, C), (B, layers, H, L, L)
-
-    def _check_tokens(self, tokens: object) -> None:
-        tokens = _check_token_ids(tokens, self.vocab_size)
-        if tokens.shape[1] > self.max_len:
-            raise ValueError(
-                f"tokens has sequence length {tokens.shape[1]}, longer than max_len={self.max_len}"
-            )

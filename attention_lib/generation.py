@@ -21,35 +21,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int, check_integer_tensor, trusted_inputs
 from .causal_lm import CausalLM
 from .kv_cache import KVCache
-
-
-def _check_temperature(temperature: object, do_sample: bool) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
-    if do_sample and not 0.0 < float(temperature) < float("inf"):
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature!r}")
-    return float(temperature)
-
-
-def _check_prompt(model: CausalLM, prompt: object, max_new_tokens: int) -> Tensor:
-    if not isinstance(model, CausalLM):
-        raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
-    prompt = check_integer_tensor("prompt", prompt, what=" of token ids")
-    if prompt.dim() != 2:
-        raise ValueError(f"prompt must have shape (B, T0), got shape {tuple(prompt.shape)}")
-    if prompt.numel() == 0:
-        raise ValueError(f"prompt must not be empty, got shape {tuple(prompt.shape)}")
-    total = prompt.shape[1] + max_new_tokens
-    if total > model.max_len:
-        raise ValueError(
-            f"cannot generate past max_len={model.max_len}: a prompt of "
-            f"{prompt.shape[1]} tokens + max_new_tokens={max_new_tokens} = {total}"
-        )
-    model._check_tokens(prompt)  # ids in [0, vocab_size)
-    return prompt
+from .validation import (
+    check_bool,
+    check_generator,
+    check_instance,
+    check_int,
+    check_real,
+    check_token_ids,
+)
 
 
 def _next_token(
@@ -112,34 +93,37 @@ def generate(
         ValueError: on an empty prompt, ids outside the vocabulary, generating
             past ``max_len``, ``temperature <= 0`` when sampling, or ``top_k < 1``.
     """
+    check_instance("model", model, CausalLM, "a CausalLM")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
-    prompt = _check_prompt(model, prompt, max_new_tokens)
+    if check_token_ids(prompt, model.vocab_size).numel() == 0:
+        raise ValueError(f"prompt must not be empty, got shape {tuple(prompt.shape)}")
+    if prompt.shape[1] + max_new_tokens > model.max_len:
+        raise ValueError(
+            f"cannot generate past max_len={model.max_len}: a prompt of {prompt.shape[1]} "
+            f"tokens + max_new_tokens={max_new_tokens}"
+        )
     check_bool("use_cache", use_cache)
-    check_bool("do_sample", do_sample)
-    temperature = _check_temperature(temperature, do_sample)
-    if top_k is not None:
-        top_k = check_int("top_k", top_k, minimum=1)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
-        )
-
-    def pick(logits: Tensor) -> Tensor:  # (B, V) -> (B, 1)
-        return _next_token(
-            logits, do_sample=do_sample, temperature=temperature, top_k=top_k, generator=generator
-        )
+    if check_bool("do_sample", do_sample):
+        temperature = check_real("temperature", temperature, above=0)
+    top_k = None if top_k is None else check_int("top_k", top_k, minimum=1)
+    check_generator(generator, optional=True)
 
     was_training = model.training
     model.eval()
     try:
-        with trusted_inputs():  # checked once above: every step runs unchecked
-            tokens = prompt
-            cache = KVCache(window=model.window) if use_cache else None  # rolling with a window
-            new = prompt  # what the model has not seen yet
-            for _ in range(max_new_tokens):
-                logits = model._forward(new if use_cache else tokens, cache)  # (B, L, V)
-                new = pick(logits[:, -1])  # (B, 1)
-                tokens = torch.cat([tokens, new], dim=1)  # (B, T + 1)
+        tokens = prompt
+        cache = KVCache(window=model.window) if use_cache else None  # rolling with a window
+        new = prompt  # what the model has not seen yet
+        for _ in range(max_new_tokens):
+            logits = model(new if use_cache else tokens, cache=cache)  # (B, L, V)
+            new = _next_token(
+                logits[:, -1],
+                do_sample=do_sample,
+                temperature=temperature,
+                top_k=top_k,
+                generator=generator,
+            )  # (B, 1)
+            tokens = torch.cat([tokens, new], dim=1)  # (B, T + 1)
     finally:
         model.train(was_training)
     return tokens

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_integer_tensor
+from .validation import check_int, check_integer_tensor
 
 
 def make_induction_data(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_int
+from .validation import check_int
 
 
 def _nbytes(t: Tensor | None) -> int:
@@ -72,10 +72,29 @@ class LayerKVCache:
         """Bytes held by the cached keys and values."""
         return _nbytes(self.key) + _nbytes(self.value)
 
+    def check_fits(
+        self, batch: int, kv_heads: int, d_k: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Refuse new keys ``(batch, kv_heads, L, d_k)`` of ``dtype`` on ``device`` that
+        do not fit what the cache holds (a cache filled by another model or batch).
+
+        Raises:
+            ValueError: naming what the cache holds and what was given.
+        """
+        if self.key is None:
+            return
+        held = (*self.key.shape[:2], self.key.shape[-1], self.key.dtype, self.key.device)
+        if held != (batch, kv_heads, d_k, dtype, device):
+            raise ValueError(
+                f"kv_cache holds keys (B, H_kv, T, d_k) = {tuple(self.key.shape)} of "
+                f"{self.key.dtype} on {self.key.device}; this call has B={batch}, H_kv={kv_heads}, "
+                f"d_k={d_k}, {dtype} on {device}: use a new cache for another model or batch"
+            )
+
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new positions and return all keys and values so far.
 
-        No checks: the model that owns the cache validated its input once.
+        No checks: the caller validated its input (see :meth:`check_fits`).
 
         Args:
             key: ``(B, H_kv, L_new, d_k)`` keys of the new positions.

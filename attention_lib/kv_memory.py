@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ._checks import check_int
+from .validation import check_int
 
 
 @dataclass(frozen=True)

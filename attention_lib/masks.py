@@ -16,31 +16,51 @@ Explained in chapter 5, *Masking*.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_integer_tensor, check_mask
+from .validation import check_bool, check_int, check_integer_tensor, check_mask
+
+
+class Causal(NamedTuple):
+    """A causal mask described, not built: what an entry point passes down.
+
+    Query ``i`` sits at key position ``i + offset`` and may attend to keys
+    ``j <= i + offset``; with a ``window``, only to ``i + offset - window < j``.
+    ``offset = 0`` is the top-left alignment of
+    ``F.scaled_dot_product_attention(is_causal=True)``; ``offset = Lk - Lq``
+    the bottom-right one, for queries that are the *last* ``Lq`` of the ``Lk``
+    positions (after ``Lk - Lq`` cached keys; chapter 5).
+    """
+
+    offset: int = 0
+    window: int | None = None
 
 
 def causal_mask(
     q_len: int,
     k_len: int | None = None,
     *,
+    offset: int = 0,
     window: int | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Causal keep-mask: query ``i`` may attend to keys ``0 .. i``.
+    """Causal keep-mask: query ``i`` may attend to keys ``0 .. i + offset``.
 
-    The alignment is the one of ``F.scaled_dot_product_attention(is_causal=True)``
-    (``torch.ones(q_len, k_len).tril(0)``, anchored at the top-left corner), also
-    when ``q_len != k_len``: with more queries than keys the last queries see every
-    key, with fewer queries they see only the first keys.
+    With the default ``offset=0`` the alignment is the one of
+    ``F.scaled_dot_product_attention(is_causal=True)`` (``torch.ones(q_len,
+    k_len).tril(0)``, anchored at the top-left corner), also when ``q_len !=
+    k_len``: with more queries than keys the last queries see every key, with
+    fewer queries they see only the first keys. ``offset = k_len - q_len``
+    anchors it at the bottom-right corner instead: the queries are the *last*
+    positions, after ``k_len - q_len`` cached keys (a KV cache, chapter 5).
 
     With a ``window``, query ``i`` sees only itself and the ``window - 1`` keys
-    before it, ``i - window < j <= i``: a sliding window, the definition of
-    🤗 transformers' ``sliding_window_causal_mask_function`` (Mistral-style
-    models).
+    before it, ``i + offset - window < j <= i + offset``: a sliding window, the
+    definition of 🤗 transformers' ``sliding_window_causal_mask_function``
+    (Mistral-style models).
 
     Explained in chapter 5, *Masking*; sliding windows in chapter 10,
     *Attention in today's LLMs*.
@@ -48,6 +68,8 @@ def causal_mask(
     Args:
         q_len: number of queries ``Lq``.
         k_len: number of keys ``Lk``; defaults to ``q_len``.
+        offset: key position of query 0 (``k_len - q_len`` for bottom-right);
+            may be negative.
         window: sliding-window length ``w >= 1``; ``None`` (default) for the
             plain causal mask.
         device: device of the returned mask.
@@ -56,7 +78,7 @@ def causal_mask(
         Bool keep-mask of shape ``(q_len, k_len)``; ``True`` = may attend.
 
     Raises:
-        TypeError: if a length or ``window`` is not an int.
+        TypeError: if a length, ``offset`` or ``window`` is not an int.
         ValueError: if a length is negative or ``window < 1``.
 
     Example:
@@ -69,20 +91,21 @@ def causal_mask(
                 [1, 1, 0, 0],
                 [0, 1, 1, 0],
                 [0, 0, 1, 1]], dtype=torch.int32)
+        >>> causal_mask(1, 3, offset=2)  # one new query after two cached keys
+        tensor([[True, True, True]])
     """
     q_len = check_int("q_len", q_len, minimum=0)
     k_len = q_len if k_len is None else check_int("k_len", k_len, minimum=0)
-    if window is not None:
-        check_int("window", window, minimum=1)
-    return _causal(q_len, k_len, device, window)
+    offset = check_int("offset", offset, minimum=-(2**62))
+    window = None if window is None else check_int("window", window, minimum=1)
+    return _causal(q_len, k_len, Causal(offset, window), device)
 
 
-def _causal(
-    q_len: int, k_len: int, device: torch.device | str | None, window: int | None = None
-) -> Tensor:
+def _causal(q_len: int, k_len: int, causal: Causal, device: torch.device | str | None) -> Tensor:
     """:func:`causal_mask` without the checks."""
-    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()  # (Lq, Lk)
-    return keep if window is None else keep.triu(1 - window)  # ... and j > i - window
+    offset, window = causal
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(offset)  # (Lq, Lk)
+    return keep if window is None else keep.triu(offset - window + 1)  # ... and j > i + o - w
 
 
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) -> Tensor:
@@ -109,24 +132,16 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
         ValueError: if ``lengths`` is not 1-D or a length is negative or > ``max_len``.
     """
     if not isinstance(lengths, Tensor):
-        if not isinstance(lengths, Sequence) or not all(
-            isinstance(n, int) and not isinstance(n, bool) for n in lengths
-        ):
-            raise TypeError(
-                f"lengths must be a 1-D integer tensor or a sequence of ints, got {lengths!r}"
-            )
+        if not isinstance(lengths, Sequence) or any(type(n) is not int for n in lengths):
+            raise TypeError(f"lengths must be a 1-D integer tensor or ints, got {lengths!r}")
         lengths = torch.tensor(list(lengths), dtype=torch.long)
     check_integer_tensor("lengths", lengths)
-    if lengths.dim() != 1:
-        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
-    if lengths.numel() and int(lengths.min()) < 0:
-        raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
     longest = int(lengths.max()) if lengths.numel() else 0
-    if max_len is None:
-        max_len = longest
-    max_len = check_int("max_len", max_len, minimum=0)
-    if longest > max_len:
-        raise ValueError(f"lengths must be <= max_len={max_len}, got {lengths.tolist()}")
+    max_len = check_int("max_len", longest if max_len is None else max_len, minimum=0)
+    if lengths.dim() != 1 or (
+        lengths.numel() and not 0 <= int(lengths.min()) <= longest <= max_len
+    ):
+        raise ValueError(f"lengths must be 1-D, each in [0, max_len={max_len}], got {lengths}")
     positions = torch.arange(max_len, device=lengths.device)  # (Lk,)
     keep = positions < lengths[:, None]  # (B, Lk)
     return keep[:, None, None, :]  # (B, 1, 1, Lk)
@@ -168,25 +183,27 @@ def as_keep_mask(
         ValueError: if ``mask`` does not broadcast, is on another device, or is a
             numeric mask with values other than 0 and 1.
     """
-    if mask is not None:
-        check_mask(mask, (*batch_shape, q_len, k_len), device=device)
-    return with_causal(to_bool(mask), q_len, k_len, is_causal, device)
-
-
-def to_bool(mask: Tensor | None) -> Tensor | None:
-    """A checked keep-mask as bool: ``0`` = masked (no checks)."""
-    return mask if mask is None or mask.dtype == torch.bool else mask != 0
+    keep = None if mask is None else check_mask(mask, (*batch_shape, q_len, k_len), device=device)
+    check_bool("is_causal", is_causal)
+    return with_causal(keep, q_len, k_len, Causal() if is_causal else None, device)
 
 
 def with_causal(
-    keep: Tensor | None, q_len: int, k_len: int, is_causal: bool, device: torch.device | None
+    keep: Tensor | None,
+    q_len: int,
+    k_len: int,
+    causal: Causal | None,
+    device: torch.device | str | None,
 ) -> Tensor | None:
-    """``keep`` (bool or ``None``) combined with the causal mask if ``is_causal``
-    (no checks: the callers validated their arguments)."""
-    if not is_causal:
+    """``keep`` (bool or ``None``) combined with the ``causal`` mask, if any; ``None``
+    when nothing is masked (no checks: the entry points validated everything)."""
+    if causal is None:
         return keep
-    causal = _causal(q_len, k_len, device if keep is None else keep.device)  # (Lq, Lk)
-    return causal if keep is None else keep & causal  # (..., Lq, Lk)
+    offset, window = causal
+    if offset >= k_len - 1 and (window is None or q_len - 1 + offset < window):
+        return keep  # every query sees every key: e.g. one new token after its cache
+    mask = _causal(q_len, k_len, causal, device if keep is None else keep.device)  # (Lq, Lk)
+    return mask if keep is None else keep & mask  # (..., Lq, Lk)
 
 
 def masked_softmax(scores: Tensor, keep: Tensor | None, dim: int = -1) -> Tensor:

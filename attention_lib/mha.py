@@ -9,20 +9,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import (
+from .backends import BACKENDS, lib_attention
+from .kv_cache import LayerKVCache
+from .masks import Causal
+from .rope import check_d_head, rope_cos_sin, rotate_pairs
+from .tiled import check_block_size
+from .validation import (
+    check_base,
     check_bool,
+    check_choice,
     check_dropout_p,
+    check_instance,
     check_int,
     check_mask,
+    check_positions,
+    check_same,
+    check_scale,
     check_tensor,
-    inputs_trusted,
 )
-from .backends import BACKENDS
-from .kv_cache import LayerKVCache
-from .masks import to_bool
-from .rope import _check_base, _rope_cos_sin, _rotate_pairs
-from .sdpa import _attention
-from .tiled import _check_block_size
 
 
 class MultiHeadAttention(nn.Module):
@@ -136,53 +140,41 @@ class MultiHeadAttention(nn.Module):
         block_size: int | tuple[int, int] | None = None,
         num_kv_heads: int | None = None,
         rope_base: float | None = None,
+        scale: float | None = None,
+        window: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_int("d_model", d_model, minimum=1)
-        check_int("num_heads", num_heads, minimum=1)
-        if d_model % num_heads != 0:
+        self.d_model = check_int("d_model", d_model, minimum=1)
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.num_kv_heads = check_int(
+            "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads, minimum=1
+        )
+        if d_model % num_heads or num_heads % self.num_kv_heads:
             raise ValueError(
-                f"d_model must be divisible by num_heads, got d_model={d_model} and "
-                f"num_heads={num_heads} (d_model % num_heads = {d_model % num_heads})"
+                "num_heads must divide d_model and num_kv_heads must divide num_heads, got "
+                f"d_model={d_model}, num_heads={num_heads}, num_kv_heads={self.num_kv_heads}"
             )
-        check_bool("bias", bias)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        check_int("num_kv_heads", num_kv_heads, minimum=1)
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(
-                f"num_kv_heads must divide num_heads (each key/value head serves a group "
-                f"of query heads), got num_heads={num_heads} and num_kv_heads={num_kv_heads}"
-            )
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
         self.d_k = d_model // num_heads
         if rope_base is not None:
-            _check_base(rope_base)
-            if self.d_k % 2:
-                raise ValueError(
-                    f"rope_base needs an even head width d_k (RoPE turns coordinate "
-                    f"pairs), got d_k = d_model // num_heads = {self.d_k}"
-                )
-            rope_base = float(rope_base)
+            rope_base = check_base(rope_base)
+            check_d_head(self.d_k, name="d_k = d_model // num_heads (with rope_base)")
         self.rope_base = rope_base
+        self.scale = check_scale(scale)
+        self.window = None if window is None else check_int("window", window, minimum=1)
         self.dropout = check_dropout_p(dropout, name="dropout")
         self.backend = backend  # checked by the property's setter
         if block_size is not None:
-            if backend != "tiled":
-                raise ValueError(
-                    f"block_size is an option of backend='tiled', got backend={backend!r}"
-                )
-            block_size = _check_block_size(block_size)
+            check_choice("backend (with block_size)", backend, ["tiled"])
+            block_size = check_block_size(block_size)
         self.block_size = block_size
-        factory = {"device": device, "dtype": dtype}
-        self.W_q = nn.Linear(d_model, d_model, bias=bias, **factory)
-        kv_width = num_kv_heads * self.d_k
-        self.W_k = nn.Linear(d_model, kv_width, bias=bias, **factory)
-        self.W_v = nn.Linear(d_model, kv_width, bias=bias, **factory)
-        self.W_o = nn.Linear(d_model, d_model, bias=bias, **factory)
+        factory = {"bias": check_bool("bias", bias), "device": device, "dtype": dtype}
+        kv_width = self.num_kv_heads * self.d_k
+        self.W_q = nn.Linear(d_model, d_model, **factory)
+        self.W_k = nn.Linear(d_model, kv_width, **factory)
+        self.W_v = nn.Linear(d_model, kv_width, **factory)
+        self.W_o = nn.Linear(d_model, d_model, **factory)
 
     @property
     def backend(self) -> str:
@@ -191,21 +183,21 @@ class MultiHeadAttention(nn.Module):
 
     @backend.setter
     def backend(self, name: str) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"backend must be a str, got {type(name).__name__} {name!r}")
-        if name not in BACKENDS:
-            valid = ", ".join(repr(n) for n in BACKENDS)
-            raise ValueError(f"backend must be one of {valid}, got {name!r}")
+        check_choice("backend", name, tuple(BACKENDS))
         self._backend = name
 
     def extra_repr(self) -> str:
-        block = "" if self.block_size is None else f", block_size={self.block_size}"
-        kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
-        rope = "" if self.rope_base is None else f", rope_base={self.rope_base}"
-        return (
-            f"d_model={self.d_model}, num_heads={self.num_heads}{kv}, "
-            f"dropout={self.dropout}, backend={self.backend!r}{block}{rope}"
-        )
+        options = {
+            "num_kv_heads": None if self.num_kv_heads == self.num_heads else self.num_kv_heads,
+            "dropout": self.dropout,
+            "backend": self.backend,
+            "block_size": self.block_size,
+            "rope_base": self.rope_base,
+            "scale": self.scale,
+            "window": self.window,
+        }
+        shown = [f"{k}={v!r}" for k, v in options.items() if v is not None]
+        return ", ".join([f"d_model={self.d_model}, num_heads={self.num_heads}", *shown])
 
     def forward(
         self,
@@ -217,10 +209,18 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         kv_cache: LayerKVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value`` with every head.
 
-        Explained in chapter 6, *Multi-head attention*.
+        The public entry point: it validates its arguments, turns them into
+        what the computation needs (a bool keep-mask, a
+        :class:`~attention_lib.masks.Causal` alignment, the RoPE positions) and
+        passes them down to :meth:`attend`, which checks nothing.
+
+        Explained in chapter 6, *Multi-head attention*; the cache in chapter 9,
+        *Attention that writes*; RoPE, grouped heads and windows in chapter 10,
+        *Attention in today's LLMs*.
 
         Args:
             query: ``(B, Lq, d_model)``.
@@ -228,15 +228,24 @@ class MultiHeadAttention(nn.Module):
             value: ``(B, Lk, d_model)``.
             mask: keep-mask (bool ``True`` / 1 = may attend) of shape
                 ``(Lq, Lk)``, ``(B, 1, Lq, Lk)``, ``(B, H, Lq, Lk)`` or
-                ``(B, 1, 1, Lk)`` (:func:`~attention_lib.padding_mask`); ``None``
-                for no mask.
-            is_causal: query ``i`` attends only to keys ``0 .. i`` (combined
-                with ``mask``), aligned as ``F.scaled_dot_product_attention``.
+                ``(B, 1, 1, Lk)`` (:func:`~attention_lib.padding_mask`), where
+                ``Lk`` counts the cached keys too; ``None`` for no mask.
+            is_causal: each query attends only to the keys at or before its
+                own position (combined with ``mask``). Without a cache the
+                alignment is ``F.scaled_dot_product_attention``'s (top-left:
+                query ``i`` sees keys ``0 .. i``); with a ``kv_cache`` of ``T``
+                keys the new queries are the *last* positions (bottom-right:
+                query ``i`` sees keys ``0 .. T + i``). With the module's
+                ``window``, only the last ``window`` of those.
             need_weights: also return the per-head attention weights (computed
                 with the lib backend, whatever ``backend`` is).
             kv_cache: a :class:`~attention_lib.LayerKVCache`: the projected keys
                 and values are appended to it, and the queries attend to every
-                key it holds (``Lk`` then counts the cached positions too; chapter 9).
+                key it holds (chapter 9).
+            positions: with ``rope_base``, the integer positions of the new
+                tokens, ``(Lq,)`` or ``(B, Lq)`` (self-attention, ``Lq == Lk``);
+                ``None`` means ``p, p + 1, ...`` after the ``p`` positions the
+                cache has seen. Ignored without RoPE.
 
         Returns:
             ``output (B, Lq, d_model)``, or ``(output, weights)`` with
@@ -244,71 +253,100 @@ class MultiHeadAttention(nn.Module):
             over dim 1 to compare with ``nn.MultiheadAttention``'s default).
 
         Raises:
-            TypeError: on non-floating inputs, a dtype that differs from the
-                parameters', a mask of unsupported type or dtype, a
-                ``kv_cache`` that is not a ``LayerKVCache``, or flags that are
-                not bools.
+            TypeError: on non-tensor or non-floating inputs, a dtype that
+                differs from the parameters', a mask of unsupported type or
+                dtype, a ``kv_cache`` that is not a ``LayerKVCache``, or flags
+                that are not bools.
             ValueError: on inputs that are not ``(B, L, d_model)``, mismatched
-                batch sizes, key/value lengths or devices, a mask that does not
-                broadcast to ``(B, H, Lq, Lk)`` or is not 0/1, or a cache that
-                holds another batch.
+                batch sizes, lengths or devices, a mask that does not broadcast
+                to ``(B, H, Lq, Lk)`` or is not 0/1, a cache that holds another
+                batch, heads, head width or dtype, ``positions`` that do not fit,
+                or a ``window`` without ``is_causal``.
         """
-        if inputs_trusted():  # an outer module has checked them: mask is a bool keep-mask
-            keep = mask
-        else:
-            keep = self._check_inputs(query, key, value, mask, kv_cache)
-            check_bool("is_causal", is_causal)
-            check_bool("need_weights", need_weights)
-        return self._forward(
+        weight = self.W_q.weight
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if check_tensor(name, t, min_dim=3).dim() != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(f"{name} must be (B, L, {self.d_model}), got {tuple(t.shape)}")
+            check_same("dtype", **{name: t.dtype, "the module": weight.dtype})
+            check_same("device", **{name: t.device, "the module": weight.device})
+        batch, q_len, k_len = query.shape[0], query.shape[1], key.shape[1]
+        check_same("batch size B", query=batch, key=key.shape[0], value=value.shape[0])
+        check_same("length Lk", key=k_len, value=value.shape[1])
+        check_bool("is_causal", is_causal)
+        check_bool("need_weights", need_weights)
+        past = 0
+        if kv_cache is not None:
+            check_instance("kv_cache", kv_cache, LayerKVCache, "a LayerKVCache or None")
+            kv_cache.check_fits(batch, self.num_kv_heads, self.d_k, weight.dtype, weight.device)
+            past = len(kv_cache)
+        if mask is not None:
+            if isinstance(mask, Tensor) and mask.dim() not in (2, 4):  # (B, Lq, Lk) would
+                raise ValueError(  # broadcast against (H, Lq, Lk): refuse it
+                    f"mask must be (Lq, Lk), (B, 1 or H, Lq, Lk) or (B, 1, 1, Lk), got "
+                    f"{tuple(mask.shape)} (for a (B, Lq, Lk) mask pass mask[:, None])"
+                )
+            mask = check_mask(
+                mask, (batch, self.num_heads, q_len, past + k_len), device=weight.device
+            )
+        if self.window is not None and not is_causal:
+            raise ValueError(
+                f"window={self.window} is a causal sliding window: pass is_causal=True"
+            )
+        if self.rope_base is not None:
+            start = 0 if kv_cache is None else kv_cache.position
+            if positions is None:
+                positions = torch.arange(start, start + max(q_len, k_len), device=weight.device)
+            elif q_len != k_len:
+                raise ValueError(f"positions need self-attention (Lq == Lk), got {q_len}, {k_len}")
+            else:
+                check_positions(positions, (batch, q_len), weight.device)
+        causal = Causal(past, self.window) if is_causal else None
+        return self.attend(
             query,
             key,
             value,
-            keep,
-            is_causal=is_causal,
+            mask,
+            causal=causal,
             need_weights=need_weights,
             kv_cache=kv_cache,
+            positions=positions,
         )
 
-    def _forward(
+    def attend(
         self,
         query: Tensor,
         key: Tensor,
         value: Tensor,
         keep: Tensor | None,
         *,
-        is_causal: bool = False,
+        causal: Causal | None,
         need_weights: bool = False,
         kv_cache: LayerKVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`forward` without the checks: ``keep`` is ``None`` or a bool
-        keep-mask (see :meth:`_check_inputs`)."""
+        """The computation of :meth:`forward`, without checks: project, split into
+        heads, rotate (RoPE, at ``positions``), append to ``kv_cache``, attend
+        with the backend, merge and project. ``keep`` is ``None`` or a bool
+        keep-mask and ``causal`` ``None`` or a :class:`~attention_lib.masks.Causal`,
+        as :meth:`forward` prepares them."""
         batch, q_len, _ = query.shape
         q, k, v = self._project(query, key, value)  # (B, H, Lq, d_k), 2 x (B, H_kv, Lk, d_k)
         if self.rope_base is not None:
-            past = 0 if kv_cache is None else kv_cache.position  # positions already cached
-            q, k = self._rotate(q, k, past)
+            q, k = self._rotate(q, k, positions)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, T + Lk, d_k): cached keys first
-        dropout_p = self.dropout if self.training else 0.0
-        group = self.num_heads // self.num_kv_heads
-        if group > 1:  # each K/V head serves `group` query heads: a broadcast dim, no copy
-            q = q.unflatten(1, (self.num_kv_heads, group))  # (B, H_kv, G, Lq, d_k)
-            k, v = k.unsqueeze(2), v.unsqueeze(2)  # (B, H_kv, 1, Lk, d_k)
-            keep = _group_heads(keep, self.num_kv_heads, group)
-
+        options = {
+            "causal": causal,
+            "dropout_p": self.dropout if self.training else 0.0,
+            "scale": self.scale,
+        }
         weights = None
         if need_weights:  # a fused kernel cannot return the weights: the lib computation
-            attended, weights = _attention(
-                q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=None
-            )  # (B, H, Lq, d_k), (B, H, Lq, Lk); grouped: (B, H_kv, G, ...)
-            weights = weights.flatten(1, 2) if group > 1 else weights  # (B, H, Lq, Lk)
+            attended, weights = lib_attention(q, k, v, keep, **options)  # (B, H, Lq, ...)
         else:
-            options = {} if self.block_size is None else {"block_size": self.block_size}
-            attended = BACKENDS[self.backend](
-                q, k, v, keep, dropout_p=dropout_p, is_causal=is_causal, scale=None, **options
-            )  # (B, H, Lq, d_k)
-        if group > 1:
-            attended = attended.flatten(1, 2)  # (B, H_kv, G, Lq, d_k) -> (B, H, Lq, d_k)
+            if self.block_size is not None:
+                options["block_size"] = self.block_size
+            attended = BACKENDS[self.backend](q, k, v, keep, **options)  # (B, H, Lq, d_k)
         merged = attended.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, Lq, d_model)
         output = self.W_o(merged)  # (B, Lq, d_model)
         return (output, weights) if need_weights else output
@@ -326,13 +364,11 @@ class MultiHeadAttention(nn.Module):
             q, k, v = F.linear(query, weight, bias).split(widths, dim=-1)  # (B, L, width)
         else:
             q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, width)
-        kv_heads = self.num_kv_heads
-        q = self._split_heads(q, self.num_heads)  # (B, H, Lq, d_k)
         return (
-            q,
-            self._split_heads(k, kv_heads),
-            self._split_heads(v, kv_heads),
-        )  # (B, H_kv, Lk, d_k)
+            self._split_heads(q, self.num_heads),  # (B, H, Lq, d_k)
+            self._split_heads(k, self.num_kv_heads),  # (B, H_kv, Lk, d_k)
+            self._split_heads(v, self.num_kv_heads),
+        )
 
     def _split_heads(self, x: Tensor, heads: int) -> Tensor:
         """``(B, L, heads * d_k) -> (B, heads, L, d_k)`` without copying."""
@@ -340,262 +376,38 @@ class MultiHeadAttention(nn.Module):
         x = x.view(batch, length, heads, self.d_k)  # (B, L, heads, d_k)
         return x.transpose(1, 2)  # (B, heads, L, d_k)
 
-    def _rotate(self, q: Tensor, k: Tensor, past: int) -> tuple[Tensor, Tensor]:
+    def _rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` at
-        positions ``past, past + 1, ...``."""
+        ``positions`` ``(L,)`` or ``(B, L)`` (the first ``Lq``/``Lk`` of them)."""
         q_len, k_len = q.shape[-2], k.shape[-2]
-        positions = torch.arange(past, past + max(q_len, k_len), device=q.device)
-        cos, sin = _rope_cos_sin(positions, self.d_k, base=self.rope_base, dtype=q.dtype)
-        q = _rotate_pairs(q, cos[:q_len], sin[:q_len])  # (B, H, Lq, d_k)
-        return q, _rotate_pairs(k, cos[:k_len], sin[:k_len])  # (B, H_kv, Lk, d_k)
-
-    def _check_inputs(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Tensor | None,
-        kv_cache: LayerKVCache | None = None,
-    ) -> Tensor | None:
-        """Validate the inputs of :meth:`forward`; return the mask as a bool
-        keep-mask, or ``None``."""
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            self._check_input(name, t)
-        if not query.shape[0] == key.shape[0] == value.shape[0]:
-            raise ValueError(
-                "query, key and value must have the same batch size B (dim 0), got "
-                f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
-            )
-        if key.shape[1] != value.shape[1]:
-            raise ValueError(
-                "key and value must have the same length Lk (dim 1), got "
-                f"key {tuple(key.shape)} and value {tuple(value.shape)}"
-            )
-        return self._check_mask(mask, query.shape[0], query.shape[1], key.shape[1], kv_cache)
-
-    def _check_input(self, name: str, t: object) -> None:
-        """``t`` must be a ``(B, L, d_model)`` tensor of the module's dtype and device."""
-        weight = self.W_q.weight
-        check_tensor(name, t, min_dim=3)
-        if t.dim() != 3 or t.shape[-1] != self.d_model:
-            raise ValueError(
-                f"{name} must have shape (B, L, d_model) = (B, L, {self.d_model}), "
-                f"got {tuple(t.shape)}"
-            )
-        if t.device != weight.device:
-            raise ValueError(
-                f"{name} must be on the module's device {weight.device}, got {t.device}"
-            )
-        if t.dtype != weight.dtype:
-            raise TypeError(
-                f"{name} must have the module's dtype {weight.dtype}, got {t.dtype} "
-                f"(convert the module with .to({t.dtype}) or the input with .to({weight.dtype}))"
-            )
-
-    def _check_mask(
-        self,
-        mask: object,
-        batch: int,
-        q_len: int,
-        k_len: int,
-        kv_cache: LayerKVCache | None = None,
-    ) -> Tensor | None:
-        """Check ``kv_cache`` and ``mask`` against the scores ``(B, H, Lq, T + Lk)``
-        (``T`` cached keys come first); return the mask as bool, or ``None``."""
-        past = self._check_cache(kv_cache, batch)
-        if mask is None:
-            return None
-        if isinstance(mask, Tensor) and mask.dim() not in (2, 4):
-            # A 3-D mask would broadcast (B, Lq, Lk) against (H, Lq, Lk): refuse it.
-            raise ValueError(
-                "mask must have shape (Lq, Lk), (B, 1, Lq, Lk), (B, H, Lq, Lk) or "
-                f"(B, 1, 1, Lk), got {tuple(mask.shape)} (for a (B, Lq, Lk) mask "
-                "pass mask[:, None])"
-            )
-        scores_shape = (batch, self.num_heads, q_len, past + k_len)
-        return to_bool(check_mask(mask, scores_shape, device=self.W_q.weight.device))
-
-    def _check_cache(self, kv_cache: object, batch: int) -> int:
-        """``kv_cache`` is ``None`` or a :class:`LayerKVCache` of this batch and
-        heads; return the number of cached positions."""
-        if kv_cache is None:
-            return 0
-        if not isinstance(kv_cache, LayerKVCache):
-            raise TypeError(
-                f"kv_cache must be a LayerKVCache or None, got {type(kv_cache).__name__}"
-            )
-        cached = kv_cache.key
-        if cached is not None and cached.shape[:2] != (batch, self.num_kv_heads):
-            raise ValueError(
-                f"kv_cache holds keys of shape {tuple(cached.shape)} (B, H_kv, T, d_k), "
-                f"which do not fit B={batch} and H_kv={self.num_kv_heads}"
-            )
-        return len(kv_cache)
+        cos, sin = rope_cos_sin(positions, self.d_k, base=self.rope_base, dtype=q.dtype)
+        if positions.dim() == 2:  # per-sequence positions: broadcast over the heads
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d_k / 2)
+        q = rotate_pairs(q, cos[..., :q_len, :], sin[..., :q_len, :])  # (B, H, Lq, d_k)
+        return q, rotate_pairs(k, cos[..., :k_len, :], sin[..., :k_len, :])  # (B, H_kv, Lk, d_k)
 
     @classmethod
     def from_torch(
         cls, module: nn.MultiheadAttention, *, backend: str = "lib"
     ) -> MultiHeadAttention:
-        """Build a module that computes the same function as a batch-first
-        ``nn.MultiheadAttention``.
-
-        Copies ``in_proj_weight``/``in_proj_bias`` (rows ``[0, d)``, ``[d, 2d)``,
-        ``[2d, 3d)`` are the query, key and value projections) into ``W_q``,
-        ``W_k``, ``W_v`` and ``out_proj`` into ``W_o``; dropout, device and dtype
-        are kept. Remember to convert masks: torch's bool ``True`` = blocked, ours
-        ``True`` = may attend (``mask = ~attn_mask``; a ``key_padding_mask (B, Lk)``
-        becomes ``~key_padding_mask[:, None, None, :]``).
+        """The module that computes the same function as a batch-first
+        ``nn.MultiheadAttention``: see :func:`attention_lib.convert.from_torch`.
 
         Explained in chapter 6, *Multi-head attention*.
-
-        Args:
-            module: an ``nn.MultiheadAttention`` built with ``batch_first=True``
-                and without ``kdim``/``vdim``, ``add_bias_kv`` or ``add_zero_attn``.
-            backend: attention backend of the new module.
-
-        Returns:
-            A new :class:`~attention_lib.MultiHeadAttention` with copied parameters (in the same
-            training/eval mode as ``module``).
-
-        Raises:
-            TypeError: if ``module`` is not an ``nn.MultiheadAttention``.
-            ValueError: if ``module`` uses a feature this class does not have.
         """
-        if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(
-                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
-            )
-        if not module.batch_first:
-            raise ValueError(
-                "module must be built with batch_first=True (inputs (B, L, d_model)), "
-                "got batch_first=False"
-            )
-        if not module.kdim == module.vdim == module.embed_dim:
-            raise ValueError(
-                f"module must have kdim == vdim == embed_dim={module.embed_dim}, got "
-                f"kdim={module.kdim} and vdim={module.vdim}"
-            )
-        if module.bias_k is not None or module.bias_v is not None:
-            raise ValueError("module must be built with add_bias_kv=False, got add_bias_kv=True")
-        if module.add_zero_attn:
-            raise ValueError(
-                "module must be built with add_zero_attn=False, got add_zero_attn=True"
-            )
-        d_model = module.embed_dim
-        weight = module.in_proj_weight
-        ours = cls(
-            d_model,
-            module.num_heads,
-            dropout=module.dropout,
-            bias=module.in_proj_bias is not None,
-            backend=backend,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        with torch.no_grad():
-            for i, linear in enumerate((ours.W_q, ours.W_k, ours.W_v)):
-                linear.weight.copy_(weight[i * d_model : (i + 1) * d_model])  # (d_model, d_model)
-                if linear.bias is not None:
-                    linear.bias.copy_(module.in_proj_bias[i * d_model : (i + 1) * d_model])
-            ours.W_o.weight.copy_(module.out_proj.weight)
-            if ours.W_o.bias is not None:
-                ours.W_o.bias.copy_(module.out_proj.bias)
-        return ours.train(module.training)
+        from .convert import from_torch
+
+        return from_torch(module, backend=backend)
 
     @classmethod
     def from_hf_llama(cls, module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
-        """Build the module that computes the same function as a 🤗 transformers
-        ``LlamaAttention`` (tiny configurations with random weights are enough).
-
-        Copies ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` into ``W_q``,
-        ``W_k``, ``W_v`` and ``W_o``, and reads ``num_key_value_heads`` and the
-        RoPE base (``rope_parameters["rope_theta"]``) from the module's config.
-        transformers' layer takes the rotary ``position_embeddings`` and the mask
-        from its caller; this module computes the rotations itself, for positions
-        ``0 .. L-1`` (continued after a ``kv_cache``), and takes a keep-mask (pass
-        ``is_causal=True`` for the decoder's causal mask, or
-        :func:`~attention_lib.causal_mask` with ``window`` for a Mistral-style
-        sliding window). Other layers with Llama's layout (``MistralAttention``)
-        are read the same way; transformers itself is not imported.
+        """The module that computes the same function as a 🤗 transformers
+        ``LlamaAttention`` (or a layer with the same computation), or a
+        ``ValueError`` naming what it cannot reproduce: see
+        :func:`attention_lib.convert.from_hf_llama`.
 
         Explained in chapter 10, *Attention in today's LLMs*.
-
-        Args:
-            module: a ``transformers.models.llama.modeling_llama.LlamaAttention``
-                with the default RoPE, ``head_dim * num_attention_heads ==
-                hidden_size``, and a bias in all four projections or in none.
-            backend: attention backend of the new module.
-
-        Returns:
-            A new :class:`~attention_lib.MultiHeadAttention` with copied
-            parameters, in the training/eval mode of ``module``.
-
-        Raises:
-            TypeError: if ``module`` does not have LlamaAttention's projections
-                and config.
-            ValueError: if it uses a feature this class does not have (a scaled
-                RoPE type, a head width other than ``hidden_size // heads``, or
-                biases in some projections only).
         """
-        names = ("q_proj", "k_proj", "v_proj", "o_proj")
-        config = getattr(module, "config", None)
-        if not all(isinstance(getattr(module, n, None), nn.Linear) for n in names) or not all(
-            hasattr(config, a)
-            for a in (
-                "num_attention_heads",
-                "num_key_value_heads",
-                "hidden_size",
-                "rope_parameters",
-            )
-        ):
-            raise TypeError(
-                "module must be a transformers LlamaAttention (nn.Linear q_proj, k_proj, "
-                f"v_proj, o_proj and a LlamaConfig), got {type(module).__name__}"
-            )
-        heads, d_model = config.num_attention_heads, config.hidden_size
-        if module.head_dim * heads != d_model:
-            raise ValueError(
-                f"module must have head_dim * num_attention_heads == hidden_size, got "
-                f"head_dim={module.head_dim}, num_attention_heads={heads}, "
-                f"hidden_size={d_model}"
-            )
-        rope = config.rope_parameters
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(
-                f"module must use the default RoPE, got rope_type={rope['rope_type']!r}"
-            )
-        projections = [getattr(module, n) for n in names]
-        has_bias = {p.bias is not None for p in projections}
-        if len(has_bias) != 1:
-            raise ValueError(
-                "module must have a bias in all four projections or in none, got "
-                + ", ".join(f"{n}: {p.bias is not None}" for n, p in zip(names, projections))
-            )
-        weight = module.q_proj.weight
-        ours = cls(
-            d_model,
-            heads,
-            dropout=float(config.attention_dropout),
-            bias=has_bias.pop(),
-            backend=backend,
-            num_kv_heads=config.num_key_value_heads,
-            rope_base=float(rope["rope_theta"]),
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        with torch.no_grad():
-            for linear, theirs in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), projections):
-                linear.weight.copy_(theirs.weight)
-                if linear.bias is not None:
-                    linear.bias.copy_(theirs.bias)
-        return ours.train(module.training)
+        from .convert import from_hf_llama
 
-
-def _group_heads(keep: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
-    """A keep-mask for the scores ``(B, H, Lq, Lk)`` reshaped for grouped heads
-    ``(B, H_kv, G, Lq, Lk)``: a per-head mask is split, the others broadcast."""
-    if keep is None or keep.dim() < 4:
-        return keep  # (Lq, Lk) broadcasts as it is
-    if keep.shape[1] == 1:
-        return keep.unsqueeze(2)  # (B, 1, 1, Lq, Lk)
-    return keep.unflatten(1, (kv_heads, group))  # (B, H_kv, G, Lq, Lk)
+        return from_hf_llama(module, backend=backend)

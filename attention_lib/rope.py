@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_integer_tensor, check_tensor
+from .validation import check_base, check_bool, check_int, check_positions, check_tensor
 
 
 def rope_frequencies(
@@ -59,9 +59,7 @@ def rope_frequencies(
         TypeError: if ``d_head`` is not an int or ``base`` not a number.
         ValueError: if ``d_head`` is not a positive even number or ``base <= 1``.
     """
-    _check_d_head(d_head)
-    _check_base(base)
-    return _frequencies(d_head, float(base), device)
+    return inverse_frequencies(check_d_head(d_head), check_base(base), device)
 
 
 def apply_rope(
@@ -119,16 +117,14 @@ def apply_rope(
         >>> apply_rope(q).shape
         torch.Size([2, 4, 10, 8])
     """
-    check_tensor("x", x, min_dim=2)
-    _check_d_head(x.shape[-1], name="x.shape[-1] (d_head)")
-    _check_base(base)
+    check_d_head(check_tensor("x", x).shape[-1], name="x.shape[-1] (d_head)")
+    base = check_base(base)
     check_bool("interleaved", interleaved)
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)  # (L,)
-    else:
-        _check_positions(positions, x)
-    cos, sin = _rope_cos_sin(positions, x.shape[-1], base=float(base), dtype=x.dtype)
-    return _rotate_pairs(x, cos, sin, interleaved=interleaved)
+    check_positions(positions, x.shape[:-1], x.device)
+    cos, sin = rope_cos_sin(positions, x.shape[-1], base=base, dtype=x.dtype)
+    return rotate_pairs(x, cos, sin, interleaved=interleaved)
 
 
 def rope_permutation(d_head: int) -> Tensor:
@@ -151,30 +147,31 @@ def rope_permutation(d_head: int) -> Tensor:
     Returns:
         long tensor ``[0, d/2, 1, d/2 + 1, ...]`` of shape ``(d_head,)``.
     """
-    _check_d_head(d_head)
-    half = d_head // 2
+    half = check_d_head(d_head) // 2
     return torch.stack([torch.arange(half), torch.arange(half, d_head)], dim=-1).flatten()
 
 
-# --- unchecked cores, shared with MultiHeadAttention's hot path ------------------------
+# --- unchecked cores, shared with MultiHeadAttention and the sinusoidal encoding ------
 
 
-def _frequencies(d_head: int, base: float, device: torch.device | str | None) -> Tensor:
-    two_i = torch.arange(0, d_head, 2, dtype=torch.float64, device=device)  # (d/2,)
-    return torch.exp(-math.log(base) * two_i / d_head)  # (d/2,)
+def inverse_frequencies(width: int, base: float, device: torch.device | str | None) -> Tensor:
+    """``omega_i = base ** (-2 i / width)`` for ``i = 0 .. ceil(width / 2) - 1``, in
+    float64: the clock speeds of chapter 7's sinusoidal encoding and of RoPE."""
+    two_i = torch.arange(0, width, 2, dtype=torch.float64, device=device)  # (ceil(d/2),)
+    return torch.exp(-math.log(base) * two_i / width)  # (ceil(d/2),)
 
 
-def _rope_cos_sin(
+def rope_cos_sin(
     positions: Tensor, d_head: int, *, base: float, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """Unchecked: ``cos`` and ``sin`` of the angles ``p * omega_i``, each ``(..., L, d/2)``."""
-    omega = _frequencies(d_head, base, positions.device)  # (d/2,)
+    """``cos`` and ``sin`` of the angles ``p * omega_i``, each ``(..., L, d/2)``."""
+    omega = inverse_frequencies(d_head, base, positions.device)  # (d/2,)
     angle = positions.to(torch.float64)[..., None] * omega  # (..., L, d/2)
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
-def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
-    """Unchecked: turn the pairs of ``x (..., L, d)`` by the angles of ``cos``/``sin`` ``(..., L, d/2)``."""
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+    """Turn the pairs of ``x (..., L, d)`` by the angles of ``cos``/``sin`` ``(..., L, d/2)``."""
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., L, d/2) each
     else:
@@ -185,38 +182,8 @@ def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fa
     return torch.cat(turned, dim=-1)  # (..., L, d)
 
 
-# --- validation -------------------------------------------------------------------------
-
-
-def _check_d_head(d_head: object, *, name: str = "d_head") -> None:
-    if isinstance(d_head, bool) or not isinstance(d_head, int):
-        raise TypeError(f"{name} must be an int, got {type(d_head).__name__} {d_head!r}")
-    if d_head < 2 or d_head % 2:
-        raise ValueError(
-            f"{name} must be a positive even number (RoPE turns coordinate pairs), got {d_head}"
-        )
-
-
-def _check_base(base: object) -> None:
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a number > 1, got {type(base).__name__} {base!r}")
-    if not 1.0 < float(base) < float("inf"):
-        raise ValueError(f"base must be a finite number > 1, got {base!r}")
-
-
-def _check_positions(positions: object, x: Tensor) -> None:
-    positions = check_integer_tensor("positions", positions)
-    if positions.device != x.device:
-        raise ValueError(
-            f"positions must be on the device of x ({x.device}), got {positions.device}"
-        )
-    target = tuple(x.shape[:-1])
-    try:
-        fits = torch.broadcast_shapes(positions.shape, target) == target
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"positions of shape {tuple(positions.shape)} must broadcast to x.shape[:-1] = "
-            f"{target} (x is (..., L, d_head); pass (L,) or e.g. (B, 1, L))"
-        )
+def check_d_head(d_head: object, *, name: str = "d_head") -> int:
+    """A head width for RoPE: a positive even int (RoPE turns coordinate pairs)."""
+    if check_int(name, d_head, minimum=2) % 2:
+        raise ValueError(f"{name} must be even (RoPE turns coordinate pairs), got {d_head}")
+    return int(d_head)

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_attention_args, check_mask
-from .masks import masked_softmax, to_bool, with_causal
+from .masks import Causal, masked_softmax, with_causal
+from .validation import check_attention_args, check_mask
 
 #: Dtypes whose scores, softmax and weighted sum are computed in float32.
 _UPCAST = (torch.float16, torch.bfloat16)
@@ -108,35 +108,35 @@ def scaled_dot_product_attention(
     batch_shape = check_attention_args(
         query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
     )  # the broadcast leading dims "..."
-    if mask is not None:
-        check_mask(mask, (*batch_shape, query.shape[-2], key.shape[-2]), device=query.device)
-    return _attention(
-        query,
-        key,
-        value,
-        to_bool(mask),
-        dropout_p=float(dropout_p),
-        is_causal=is_causal,
-        scale=None if scale is None else float(scale),
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    keep = (
+        None
+        if mask is None
+        else check_mask(mask, (*batch_shape, q_len, k_len), device=query.device)
     )
+    causal = Causal() if is_causal else None
+    return attend(query, key, value, keep, causal=causal, dropout_p=float(dropout_p), scale=scale)
 
 
-def _attention(
+def attend(
     query: Tensor,
     key: Tensor,
     value: Tensor,
     keep: Tensor | None,
     *,
+    causal: Causal | None,
     dropout_p: float,
-    is_causal: bool,
     scale: float | None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`scaled_dot_product_attention` without the checks; ``keep`` is a bool
-    keep-mask or ``None`` (the callers validated everything)."""
+    """The core of :func:`scaled_dot_product_attention`, without checks.
+
+    ``keep`` is a bool keep-mask or ``None`` and ``causal`` a
+    :class:`~attention_lib.masks.Causal` or ``None``, prepared by the entry
+    point that validated them. Returns ``(output, weights)``.
+    """
     q_len, k_len, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
-    keep = with_causal(keep, q_len, k_len, is_causal, query.device)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d_k)
+    keep = with_causal(keep, q_len, k_len, causal, query.device)
+    scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
     dtype = query.dtype
     if dtype in _UPCAST:  # q . k can overflow float16 before it is scaled
         query, key, value = query.float(), key.float(), value.float()

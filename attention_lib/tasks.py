@@ -27,9 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int, check_integer_tensor
 from .show.progress import progress_bar
-
+from .validation import check_int, check_integer_tensor
 
 #: Names accepted by :func:`make_task_data`.
 TASKS = ("reverse", "shift", "sort")

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._checks import check_attention_args, check_dropout_p, check_int, check_tensor
-from .masks import as_keep_mask
+from .masks import Causal
+from .validation import check_attention_args, check_dropout_p, check_int, check_mask, check_tensor
 
 #: Default ``(block_q, block_k)`` of :func:`tiled_attention`: a ``(B*H, 256, 256)``
 #: float32 score tile is 2 MiB for 8 heads, small enough to stay in the CPU's
@@ -295,30 +295,61 @@ def tiled_attention(
     batch_shape = check_attention_args(
         query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
     )  # the broadcast leading dims "..."
-    block_q, block_k = _check_block_size(block_size)
+    block_size = check_block_size(block_size)
     if window is not None:
         check_int("window", window, minimum=1)
         if not is_causal:
-            raise ValueError(
-                f"window={window} needs is_causal=True (a sliding window is a causal "
-                "band: query i sees keys i - window < j <= i)"
-            )
+            raise ValueError(f"window={window} needs is_causal=True (a causal sliding window)")
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    keep = (
+        None
+        if mask is None
+        else check_mask(mask, (*batch_shape, q_len, k_len), device=query.device)
+    )
+    causal = Causal(0, window) if is_causal else None
+    return tiled_core(
+        query,
+        key,
+        value,
+        keep,
+        causal=causal,
+        dropout_p=float(dropout_p),
+        scale=scale,
+        block_size=block_size,
+    )
+
+
+def tiled_core(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    keep: Tensor | None,
+    *,
+    causal: Causal | None,
+    dropout_p: float,
+    scale: float | None,
+    block_size: tuple[int, int] = DEFAULT_BLOCK_SIZE,
+) -> Tensor:
+    """The core of :func:`tiled_attention`, without input checks.
+
+    ``keep`` is a bool keep-mask or ``None``, ``causal`` a
+    :class:`~attention_lib.masks.Causal` (any offset and window) or ``None``,
+    prepared by the entry point. It refuses only what it cannot compute:
+    dropout while gradients are needed.
+    """
     q_len, k_len, d_k, d_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
-    # The user's mask (causal masking is done tile by tile, never as a full matrix).
-    keep = as_keep_mask(mask, q_len, k_len, batch_shape=batch_shape, device=query.device)
+    batch_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     needs_grad = torch.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
     )
     if needs_grad and dropout_p > 0.0:
         raise ValueError(
-            f"tiled_attention cannot apply dropout (dropout_p={dropout_p!r}) while computing "
-            "gradients: its backward pass recomputes the attention weights tile by tile "
-            "and would need the same random dropout mask as the forward pass, which is "
-            "not stored. Use dropout_p=0.0, or disable gradients (torch.no_grad()), or "
-            "use the 'lib' or 'torch' backend for training with attention dropout."
+            f"tiled attention cannot apply dropout (dropout_p={dropout_p!r}) while computing "
+            "gradients: its backward pass recomputes the weights tile by tile and would need "
+            "the forward pass's random dropout mask, which is not stored. Use dropout_p=0.0, "
+            "torch.no_grad(), or the 'lib' or 'torch' backend for training with dropout."
         )
-    if scale is None:
-        scale = 1.0 / math.sqrt(d_k)
+    scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
 
     # float16/bfloat16 are computed in float32. The leading dims are broadcast and
     # flattened into one batch dim N, so that every tile is one batched matmul
@@ -332,7 +363,7 @@ def tiled_attention(
     v = value.to(dtype).expand(*batch_shape, k_len, d_v).reshape(n, k_len, d_v)  # (N, Lk, d_v)
     if keep is not None:
         keep = keep.expand(*batch_shape, q_len, k_len)  # (..., Lq, Lk), a view, no copy
-    tiles = _Tiles(batch_shape, block_q, block_k, is_causal, scale, window)
+    tiles = _Tiles(tuple(batch_shape), *block_size, causal, scale)
     if needs_grad:
         out = _TiledAttention.apply(q, k, v, keep, tiles)  # (N, Lq, d_v)
     else:
@@ -351,48 +382,54 @@ class _Tiles(NamedTuple):
     batch_shape: tuple[int, ...]  # the leading dims "..." flattened into N
     block_q: int
     block_k: int
-    is_causal: bool
+    causal: Causal | None  # query i sees keys j <= i + offset (and > i + offset - window)
     scale: float
-    window: int | None = None  # causal only: query i sees keys i - window < j <= i
 
     def key_start(self, q_start: int) -> int:
         """Start of the first key block that the query block at ``q_start`` sees."""
-        if self.window is None:
+        if self.causal is None or self.causal.window is None:
             return 0
-        # Window: keys j <= q_start - window are seen by no query of this block;
-        # the key blocks that lie entirely before the band are skipped.
-        first_key = max(0, q_start - self.window + 1)
+        # Window: keys j <= q_start + offset - window are seen by no query of this
+        # block; the key blocks that lie entirely before the band are skipped.
+        first_key = max(0, q_start + self.causal.offset - self.causal.window + 1)
         return first_key // self.block_k * self.block_k
 
     def key_stop(self, q_end: int, k_len: int) -> int:
         """End of the keys that the query block ending at ``q_end`` sees."""
-        # Causal: query i sees keys j <= i, so keys from q_end on are never seen
-        # by this query block; their tiles are skipped entirely.
-        return min(k_len, q_end) if self.is_causal else k_len
+        # Causal: query i sees keys j <= i + offset, so keys from q_end + offset on
+        # are never seen by this query block; their tiles are skipped entirely.
+        if self.causal is None:
+            return k_len
+        return min(k_len, max(0, q_end + self.causal.offset))
 
     def first_query(self, k_start: int) -> int:
         """Start of the first query block that sees the key block at ``k_start``."""
-        return k_start // self.block_q * self.block_q if self.is_causal else 0
+        if self.causal is None:
+            return 0
+        return max(0, k_start - self.causal.offset) // self.block_q * self.block_q
 
     def query_stop(self, k_end: int, q_len: int) -> int:
         """End of the queries that see the key block ending at ``k_end``."""
-        # Window: key j is seen by queries j .. j + window - 1 only.
-        return q_len if self.window is None else min(q_len, k_end - 1 + self.window)
+        if self.causal is None or self.causal.window is None:
+            return q_len
+        # Window: key j is seen by queries j - offset .. j - offset + window - 1 only.
+        return min(q_len, max(0, k_end - 1 - self.causal.offset + self.causal.window))
 
     def keep_tile(
         self, keep: Tensor | None, q_start: int, q_end: int, k_start: int, k_end: int, n: int
     ) -> Tensor | None:
         """Bool keep-mask of one tile, ``(N or 1, bq, bk)``; ``None`` = keep all."""
         tile_keep = None
-        crosses_diagonal = self.is_causal and k_end - 1 > q_start
-        # the lower edge of the window band, j > i - window, crosses this tile
-        crosses_band_edge = self.window is not None and k_start <= q_end - 1 - self.window
+        offset, window = (0, None) if self.causal is None else self.causal
+        crosses_diagonal = self.causal is not None and k_end - 1 > q_start + offset
+        # the lower edge of the window band, j > i + offset - window, crosses this tile
+        crosses_band_edge = window is not None and k_start <= q_end - 1 + offset - window
         if crosses_diagonal or crosses_band_edge:
-            rows = torch.arange(q_start, q_end, device=_device(keep)).unsqueeze(1)  # (bq, 1)
+            rows = torch.arange(q_start, q_end, device=_device(keep)).unsqueeze(1) + offset
             cols = torch.arange(k_start, k_end, device=rows.device)  # (bk,)
-            tile_keep = cols <= rows  # (bq, bk): key j <= query i
+            tile_keep = cols <= rows  # (bq, bk): key j <= query i + offset
             if crosses_band_edge:
-                tile_keep &= cols > rows - self.window  # ... and j > i - window
+                tile_keep &= cols > rows - window  # ... and j > i + offset - window
             tile_keep = tile_keep.unsqueeze(0)  # (1, bq, bk)
         if keep is not None:
             user = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view
@@ -629,17 +666,9 @@ def _type_name(x: object) -> str:
     return f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
 
 
-def _check_block_size(block_size: object) -> tuple[int, int]:
+def check_block_size(block_size: object) -> tuple[int, int]:
     """``block_size`` is an int ``>= 1`` or a pair ``(block_q, block_k)`` of them."""
-    if isinstance(block_size, tuple) and len(block_size) == 2:
-        return (
-            check_int("block_size[0] (block_q)", block_size[0], minimum=1),
-            check_int("block_size[1] (block_k)", block_size[1], minimum=1),
-        )
-    if isinstance(block_size, int) and not isinstance(block_size, bool):
-        size = check_int("block_size", block_size, minimum=1)
-        return size, size
-    raise TypeError(
-        "block_size must be an int >= 1 or a tuple (block_q, block_k) of two ints, "
-        f"got {type(block_size).__name__} {block_size!r}"
+    pair = (
+        block_size if isinstance(block_size, tuple) and len(block_size) == 2 else [block_size] * 2
     )
+    return tuple(check_int("block_size", size, minimum=1) for size in pair)

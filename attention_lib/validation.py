@@ -1,111 +1,86 @@
-"""Input validation shared by every public attention function.
+"""Input validation shared by the public entry points of the package.
 
-Each check raises ``TypeError`` or ``ValueError`` with a message that names the
-argument, what was expected and what was given, so that bad input never reaches
-an opaque matmul error (or, worse, a silent wrong answer).
+The rule of the package: **public entry points validate, inner building blocks
+trust their inputs.** A public function or ``forward`` checks its arguments with
+the helpers below, turns them into what the computation needs (e.g. one bool
+keep-mask) and passes that down explicitly; the cores it calls check nothing.
+
+Each check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right
+kind, wrong value) with a message that names the argument, what was expected
+and what was given, so that bad input never reaches an opaque matmul error (or,
+worse, a silent wrong answer).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-# Set while an outer module of this package runs its submodules on inputs it has
-# already checked (see trusted_inputs).
-_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("_TRUSTED", default=False)
+
+def _got(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
 
 
-@contextlib.contextmanager
-def trusted_inputs() -> Iterator[None]:
-    """Validate once: inside this block the package's modules skip their checks.
-
-    A public door (e.g. ``Encoder.forward``) checks its arguments, then calls its
-    submodules *as modules* inside this block, so that their forward hooks still
-    run but their arguments are not checked a second time (a ``mask`` passed
-    down is then already a bool keep-mask). Only the package's modules read the
-    flag; its functions (e.g. ``scaled_dot_product_attention``) always check.
-    A hook that calls one of the package's modules runs inside the block too.
-    """
-    token = _TRUSTED.set(True)
-    try:
-        yield
-    finally:
-        _TRUSTED.reset(token)
-
-
-def inputs_trusted() -> bool:
-    """Whether an outer module has already checked the arguments (see :func:`trusted_inputs`)."""
-    return _TRUSTED.get()
-
-
-def _describe(t: Tensor) -> str:
-    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+def check_instance(name: str, value: object, kind: type | tuple[type, ...], what: str) -> None:
+    """``value`` must be an instance of ``kind`` (``what`` names it in the message)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> Tensor:
-    """Check that ``t`` is a floating tensor with at least ``min_dim`` dims."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    """``t`` must be a floating tensor with at least ``min_dim`` dims."""
+    check_instance(name, t, Tensor, "a torch.Tensor")
     if not t.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating-point tensor (float16, bfloat16, float32 or "
-            f"float64), got dtype {t.dtype}"
-        )
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if t.dim() < min_dim:
-        raise ValueError(
-            f"{name} must have at least {min_dim} dims (..., L, d), got {_describe(t)}"
-        )
+        raise ValueError(f"{name} must have at least {min_dim} dims, got shape {tuple(t.shape)}")
     return t
+
+
+def check_same(what: str, **values: object) -> None:
+    """Every value must be equal (e.g. the dtypes of query, key and value)."""
+    if len(set(values.values())) > 1:
+        kind = TypeError if what == "dtype" else ValueError
+        given = ", ".join(f"{name} {value}" for name, value in values.items())
+        raise kind(f"{', '.join(values)} must have the same {what}, got {given}")
 
 
 def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
     """Validate query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, value ``(..., Lk, d_v)``.
 
-    Checks type, dtype, device, the shared ``d_k``, the shared ``Lk`` and that
-    the leading (batch/head) dimensions broadcast. Returns the broadcast leading
-    dims ``...``.
+    Checks type, dtype, device, the shared ``d_k >= 1``, the shared ``Lk`` and
+    that the leading (batch/head) dims broadcast; returns the broadcast dims.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, t)
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            "query, key and value must share one dtype, got "
-            f"{query.dtype}, {key.dtype} and {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            "query, key and value must be on the same device, got "
-            f"{query.device}, {key.device} and {value.device}"
-        )
+    check_same("dtype", query=query.dtype, key=key.dtype, value=value.dtype)
+    check_same("device", query=query.device, key=key.device, value=value.device)
     if query.shape[-1] == 0:
-        raise ValueError(
-            f"query and key must have d_k >= 1 features (last dim), got query {tuple(query.shape)}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must have the same last dim d_k: expected key (..., Lk, "
-            f"{query.shape[-1]}) to match query {tuple(query.shape)}, got key "
-            f"{tuple(key.shape)}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "key and value must have the same length Lk (dim -2): got key "
-            f"{tuple(key.shape)} and value {tuple(value.shape)}"
-        )
+        raise ValueError(f"query must have d_k >= 1 features, got shape {tuple(query.shape)}")
+    check_same("d_k (last dim)", query=query.shape[-1], key=key.shape[-1])
+    check_same("length Lk (dim -2)", key=key.shape[-2], value=value.shape[-2])
+    return check_broadcast(
+        "the leading dims of query, key and value",
+        query.shape[:-2],
+        key.shape[:-2],
+        value.shape[:-2],
+    )
+
+
+def check_broadcast(name: str, *shapes: Sequence[int], target: Sequence[int] | None = None):
+    """The shapes must broadcast together (to ``target`` exactly, if given); returns the result."""
     try:
-        return tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
+        result = tuple(torch.broadcast_shapes(*shapes, *([] if target is None else [target])))
     except RuntimeError:
-        raise ValueError(
-            "the leading (batch/head) dims of query, key and value must broadcast, "
-            f"got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
-            f"{tuple(value.shape)}"
-        ) from None
+        result = None
+    if result is None or (target is not None and result != tuple(target)):
+        into = "together" if target is None else f"to {tuple(target)}"
+        raise ValueError(f"{name} must broadcast {into}, got {[tuple(s) for s in shapes]}")
+    return result
 
 
 def check_attention_args(
@@ -117,9 +92,8 @@ def check_attention_args(
     scale: float | None,
     is_causal: bool,
 ) -> tuple[int, ...]:
-    """The checks every attention function starts with: :func:`check_qkv`, then
-    ``dropout_p``, ``scale`` and ``is_causal``. Returns the broadcast leading
-    dims ``...`` of query, key and value."""
+    """:func:`check_qkv`, then ``dropout_p``, ``scale`` and ``is_causal``; returns the
+    broadcast leading dims ``...`` of query, key and value."""
     batch_shape = check_qkv(query, key, value)
     check_dropout_p(dropout_p)
     check_scale(scale)
@@ -130,18 +104,16 @@ def check_attention_args(
 def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
     """``t`` must be a tensor of an integer dtype (not bool); ``what`` is appended
     to the noun in the message, e.g. ``" of ids"``."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor{what}, got {type(t).__name__}")
+    check_instance(name, t, Tensor, f"a torch.Tensor{what}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor{what}, got dtype {t.dtype}")
     return t
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
-    """``value`` must be an integer (a Python or NumPy int, not a bool)
-    ``>= minimum``; returns it as a Python int."""
+    """``value`` must be an int (Python or NumPy, not bool) ``>= minimum``; returns it."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be an int >= {minimum}, got {_got(value)}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
@@ -156,34 +128,21 @@ def check_real(
     below: float | None = None,
     at_most: float | None = None,
 ) -> float:
-    """``value`` must be a finite real number (a Python or NumPy int or float, not a
-    bool) within the given bounds; returns it as a Python float.
-
-    A non-number raises ``TypeError``; a number out of range (or NaN/inf) raises
-    ``ValueError``. The message names the accepted range, e.g. "a finite float
-    > 0" or "a float in [0, 1)" (an int is a float here, as in type hints).
-    """
-    bounds = [
-        (op, bound)
-        for op, bound in ((">", above), (">=", at_least), ("<", below), ("<=", at_most))
-        if bound is not None
-    ]
+    """``value`` must be a finite real number (Python or NumPy, not bool) within the
+    bounds; returns it as a float. The message names the range, e.g. "a finite
+    float > 0" or "a float in [0, 1)"."""
+    bounds = {">": above, ">=": at_least, "<": below, "<=": at_most}
+    bounds = {op: b for op, b in bounds.items() if b is not None}
     if len(bounds) == 2:  # an interval, e.g. "a float in [0, 1)"
-        (low_op, low), (high_op, high) = bounds
-        left, right = "(" if low_op == ">" else "[", ")" if high_op == "<" else "]"
-        expected = f"a float in {left}{low:g}, {high:g}{right}"
-    else:  # e.g. "a finite float > 0"
-        expected = " ".join(["a finite float", *(f"{op} {bound:g}" for op, bound in bounds)])
+        (low_op, low), (high_op, high) = bounds.items()
+        expected = f"a float in {'(['[low_op == '>=']}{low:g}, {high:g}{')]'[high_op == '<=']}"
+    else:
+        expected = " ".join(["a finite float", *(f"{op} {b:g}" for op, b in bounds.items())])
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be {expected}, got {_got(value)}")
     x = float(value)
-    if not (
-        math.isfinite(x)
-        and (above is None or x > above)
-        and (at_least is None or x >= at_least)
-        and (below is None or x < below)
-        and (at_most is None or x <= at_most)
-    ):
+    tests = {">": x.__gt__, ">=": x.__ge__, "<": x.__lt__, "<=": x.__le__}
+    if not math.isfinite(x) or not all(tests[op](b) for op, b in bounds.items()):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return x
 
@@ -194,64 +153,80 @@ def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
 
 
 def check_scale(scale: object) -> float | None:
-    """``scale`` must be ``None`` or a finite real number > 0 (a Python or NumPy
-    float or int, not a bool); returns it as a float."""
+    """``scale`` must be ``None`` or a finite real number > 0; returns it as a float."""
     return None if scale is None else check_real("scale", scale, above=0)
 
 
-def check_mask(
-    mask: object,
-    target_shape: tuple[int, ...] | torch.Size,
-    *,
-    device: torch.device | None = None,
-    name: str = "mask",
-) -> Tensor:
-    """Check a keep-mask: bool, or integer/float holding only 0 and 1.
-
-    It must broadcast to ``target_shape`` (the ``(..., Lq, Lk)`` shape of the
-    attention scores) without enlarging it, and live on ``device``.
-    """
-    target_shape = tuple(target_shape)
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor (bool keep-mask) or None, got {type(mask).__name__}"
-        )
-    if mask.is_complex():
-        raise TypeError(
-            f"{name} must be a bool keep-mask or a 0/1 integer/float mask, got dtype {mask.dtype}"
-        )
-    if mask.requires_grad:
-        raise ValueError(
-            f"{name} requires grad, but a 0/1 keep-mask only selects keys and never gets "
-            f"a gradient; pass {name}.detach() (for a learnable additive bias, add it to "
-            "the scores yourself)"
-        )
-    if device is not None and mask.device != device:
-        raise ValueError(
-            f"{name} must be on the same device as query/key/value ({device}), "
-            f"got {name} on {mask.device}"
-        )
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, target_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != target_shape:
-        raise ValueError(
-            f"{name} of shape {tuple(mask.shape)} does not broadcast to the attention "
-            f"scores shape (..., Lq, Lk) = {target_shape}"
-        )
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError(
-            f"{name} is a keep-mask: expected bool (True = may attend) or 0/1 values "
-            f"(0 = masked), got dtype {mask.dtype} with values other than 0 and 1. "
-            "Note that F.scaled_dot_product_attention reads a float mask as an additive "
-            "bias (0 = keep, -inf = block); convert such a bias with `bias == 0`."
-        )
-    return mask
+def check_base(base: object) -> float:
+    """A RoPE or sinusoid ``base`` must be a finite real number > 1."""
+    return check_real("base", base, above=1)
 
 
 def check_bool(name: str, value: object) -> bool:
     """``value`` must be a Python bool (e.g. ``is_causal``, ``need_weights``)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a bool, got {_got(value)}")
     return value
+
+
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    """``value`` must be one of ``choices`` (compared with ``==``)."""
+    if not any(value == c and type(value) is type(c) for c in choices):
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_generator(generator: object, *, optional: bool = False) -> None:
+    """``generator`` must be a ``torch.Generator`` (or ``None`` if ``optional``)."""
+    if not (optional and generator is None):
+        check_instance("generator", generator, torch.Generator, "a torch.Generator")
+
+
+def check_mask(
+    mask: object, target_shape: Sequence[int], *, device: torch.device | None = None
+) -> Tensor:
+    """Check a keep-mask and return it as bool (``True`` = may attend).
+
+    ``mask`` is bool, or integer/float holding only 0 and 1 (``0`` = masked); it
+    must broadcast to ``target_shape`` (the ``(..., Lq, Lk)`` scores) without
+    enlarging it, live on ``device`` and not require grad.
+    """
+    check_instance("mask", mask, Tensor, "a torch.Tensor (bool keep-mask) or None")
+    if mask.is_complex():
+        raise TypeError(f"mask must be a bool or 0/1 keep-mask, got dtype {mask.dtype}")
+    if mask.requires_grad:
+        raise ValueError(
+            "mask requires grad, but a keep-mask never gets a gradient: pass mask.detach()"
+        )
+    if device is not None:
+        check_same("device", mask=mask.device, query=device)
+    check_broadcast("mask (..., Lq, Lk)", mask.shape, target=target_shape)
+    if mask.dtype == torch.bool:
+        return mask
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(
+            f"mask is a keep-mask: bool or 0/1 values (0 = masked), got dtype {mask.dtype} with "
+            "other values (F.scaled_dot_product_attention reads a float mask as an additive "
+            "bias; convert such a bias with `bias == 0`)"
+        )
+    return mask != 0
+
+
+def check_positions(positions: object, shape: Sequence[int], device: torch.device) -> Tensor:
+    """Integer ``positions`` on ``device`` that broadcast to ``shape`` (e.g. ``(..., L)``)."""
+    positions = check_integer_tensor("positions", positions)
+    check_same("device", positions=positions.device, x=device)
+    check_broadcast("positions", positions.shape, target=shape)
+    return positions
+
+
+def check_token_ids(tokens: object, vocab_size: int) -> Tensor:
+    """``tokens`` must be an integer ``(B, L)`` tensor of ids in ``[0, vocab_size)``."""
+    tokens = check_integer_tensor("tokens", tokens, what=" of ids")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
+    if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab_size:
+        raise ValueError(
+            f"tokens must hold ids in [0, vocab_size={vocab_size}), got values in "
+            f"[{int(tokens.min())}, {int(tokens.max())}]"
+        )
+    return tokens

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._checks import check_int, check_real
+from ..validation import check_int, check_real
 from .style import DPI, book_style, smallest_font_pt
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time

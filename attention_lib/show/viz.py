@@ -19,7 +19,7 @@ import numpy
 import torch
 from torch import Tensor
 
-from .._checks import check_bool, check_int, check_real
+from ..validation import check_bool, check_int, check_real
 from .style import MAX_WIDTH_IN, MIN_FONT_PT, book_style
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time

@@ -1,0 +1,265 @@
+"""Converting attention layers of other libraries into :class:`~attention_lib.MultiHeadAttention`.
+
+A converter copies a layer's weights and reads its options. It either builds a
+module that computes the same function as the layer, or refuses the layer with
+a ``ValueError`` that names what it cannot reproduce: it never converts a layer
+silently wrong. What a layer computes is read from what it *has* (its
+submodules, its config fields, its score scaling, the rotation its code
+applies), never from its class name, so that a layer of a family not tested
+here is either reproduced or refused for the right reason.
+
+Explained in chapter 6, *Multi-head attention* (``nn.MultiheadAttention``) and
+chapter 10, *Attention in today's LLMs* (🤗 transformers' ``LlamaAttention``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+from torch import nn
+
+from .mha import MultiHeadAttention
+from .rope import apply_rope, rope_frequencies, rope_permutation
+from .validation import check_instance
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_CONFIG_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "rope_parameters")
+
+
+def from_torch(module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiHeadAttention:
+    """Build a module that computes the same function as a batch-first
+    ``nn.MultiheadAttention``.
+
+    Copies ``in_proj_weight``/``in_proj_bias`` (rows ``[0, d)``, ``[d, 2d)``,
+    ``[2d, 3d)`` are the query, key and value projections) into ``W_q``,
+    ``W_k``, ``W_v`` and ``out_proj`` into ``W_o``; dropout, device and dtype
+    are kept. Remember to convert masks: torch's bool ``True`` = blocked, ours
+    ``True`` = may attend (``mask = ~attn_mask``; a ``key_padding_mask (B, Lk)``
+    becomes ``~key_padding_mask[:, None, None, :]``).
+
+    Explained in chapter 6, *Multi-head attention*.
+
+    Args:
+        module: an ``nn.MultiheadAttention`` built with ``batch_first=True``
+            and without ``kdim``/``vdim``, ``add_bias_kv`` or ``add_zero_attn``.
+        backend: attention backend of the new module.
+
+    Returns:
+        A new :class:`~attention_lib.MultiHeadAttention` with copied
+        parameters, in the training/eval mode of ``module``.
+
+    Raises:
+        TypeError: if ``module`` is not an ``nn.MultiheadAttention``.
+        ValueError: if ``module`` uses a feature this class does not have.
+    """
+    check_instance("module", module, nn.MultiheadAttention, "a torch.nn.MultiheadAttention")
+    d_model = module.embed_dim
+    refusals = (  # (convertible, what MultiHeadAttention needs, what the module has)
+        (module.batch_first, "batch_first=True (inputs (B, L, d_model))", "batch_first=False"),
+        (
+            module.kdim == module.vdim == d_model,
+            f"kdim == vdim == embed_dim={d_model}",
+            f"kdim={module.kdim} and vdim={module.vdim}",
+        ),
+        (module.bias_k is None, "add_bias_kv=False", "add_bias_kv=True"),
+        (not module.add_zero_attn, "add_zero_attn=False", "add_zero_attn=True"),
+    )
+    for convertible, needed, has in refusals:
+        if not convertible:
+            raise ValueError(f"module must be built with {needed}, got {has}")
+    weight, bias = module.in_proj_weight, module.in_proj_bias
+    ours = MultiHeadAttention(
+        d_model,
+        module.num_heads,
+        dropout=module.dropout,
+        bias=bias is not None,
+        backend=backend,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        for i, linear in enumerate((ours.W_q, ours.W_k, ours.W_v)):
+            rows = slice(i * d_model, (i + 1) * d_model)
+            linear.weight.copy_(weight[rows])  # (d_model, d_model)
+            if bias is not None:
+                linear.bias.copy_(bias[rows])
+        ours.W_o.load_state_dict(module.out_proj.state_dict())
+    return ours.train(module.training)
+
+
+def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
+    """Build the module that computes the same function as a 🤗 transformers
+    ``LlamaAttention``, or as another layer with the same computation.
+
+    Copies ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` into ``W_q``,
+    ``W_k``, ``W_v`` and ``W_o``, and reads the rest from the layer and its
+    config: ``num_key_value_heads``, the RoPE base
+    (``rope_parameters["rope_theta"]``; no RoPE for a layer with
+    ``use_rope=False``, as SmolLM3's NoPE layers), a score scaling other than
+    ``1/sqrt(head_dim)`` (``module.scaling``, e.g. Granite's
+    ``attention_multiplier`` or Gemma 2's ``query_pre_attn_scalar``) as
+    ``scale``, and the layer's sliding window (``module.sliding_window`` for
+    the sliding layers of Qwen2 or Gemma 2, else ``config.sliding_window`` as
+    in Mistral) as ``window``. A layer that rotates coordinate pairs
+    ``(2i, 2i+1)`` (Cohere's interleaved RoPE) is reproduced by permuting
+    the rows of each head of ``W_q`` and ``W_k``
+    (:func:`~attention_lib.rope_permutation`): the scores stay the same.
+
+    transformers' layer takes the rotary ``position_embeddings`` and the mask
+    from its model; the new module computes both itself. Call it with
+    ``is_causal=True`` for the model's causal mask, sliding window included
+    (``window`` is in the module); also with a ``kv_cache``, where the new
+    queries are aligned after the cached keys (bottom-right), as the model
+    aligns them. RoPE positions are ``0 .. L-1``, continued after a
+    ``kv_cache``; pass ``positions`` for others, and a padding ``mask`` for
+    padded batches. transformers itself is not imported.
+
+    Refused, with a ``ValueError`` that names the feature, because
+    :class:`~attention_lib.MultiHeadAttention` does not compute them:
+    submodules or parameters besides the four projections (the ``q_norm`` /
+    ``k_norm`` of Qwen3, OLMo 2 and Cohere's QK-norm, attention sinks),
+    ``clip_qkv`` (OLMo), attention logit soft-capping (Gemma 2's
+    ``attn_logit_softcapping``), a rotation other than rotate-half or
+    interleaved RoPE with the default frequencies (``rope_type``,
+    ``partial_rotary_factor``), a bias in some projections only (Qwen2), a
+    head width other than ``hidden_size // num_attention_heads``, and
+    bidirectional attention (``is_causal=False``).
+
+    Explained in chapter 10, *Attention in today's LLMs*.
+
+    Args:
+        module: a ``transformers`` ``LlamaAttention``, or a layer with its
+            projections, config and computation (e.g. ``MistralAttention``;
+            tiny configurations with random weights are enough for tests).
+        backend: attention backend of the new module.
+
+    Returns:
+        A new :class:`~attention_lib.MultiHeadAttention` with copied
+        parameters, in the training/eval mode of ``module``.
+
+    Raises:
+        TypeError: if ``module`` does not have ``nn.Linear`` projections
+            ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` and a config with
+            ``num_attention_heads``, ``num_key_value_heads``, ``hidden_size``
+            and ``rope_parameters``.
+        ValueError: if it computes something this class does not (the
+            message names every such feature).
+    """
+    config = getattr(module, "config", None)
+    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in _PROJECTIONS) or not all(
+        hasattr(config, field) for field in _CONFIG_FIELDS
+    ):
+        raise TypeError(
+            "module must be a transformers LlamaAttention (nn.Linear q_proj, k_proj, v_proj, "
+            f"o_proj and a config like LlamaConfig), got {type(module).__name__}"
+        )
+    heads, d_model = config.num_attention_heads, config.hidden_size
+    head_dim = module.q_proj.out_features // heads
+    rope = config.rope_parameters or {}
+    uses_rope = getattr(module, "use_rope", True) is not False  # False: a NoPE layer
+    layout = _rope_layout(module, head_dim) if uses_rope else None
+    biased = [n for n in _PROJECTIONS if getattr(module, n).bias is not None]
+    extras = [n for n, _ in module.named_children() if n not in _PROJECTIONS]
+    default_rope = (
+        rope.get("rope_type", "default") == "default"
+        and "rope_theta" in rope
+        and rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) == 1
+    )
+    refused = {  # a feature MultiHeadAttention does not compute -> what the layer has, if it has it
+        "submodules or parameters besides the projections (e.g. QK-norm)": extras
+        + [n for n, _ in module.named_parameters(recurse=False)],
+        "clip_qkv (clamped projections)": getattr(config, "clip_qkv", None),
+        "attention logit soft-capping (attn_logit_softcapping)": getattr(
+            module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
+        ),
+        "a RoPE other than the default (rope_parameters)": None if default_rope else rope,
+        "a rotation other than RoPE's (its apply_rotary_pos_emb)": uses_rope and layout is None,
+        "a bias in some projections only (not all four or none)": 0 < len(biased) < 4 and biased,
+        "a head_dim other than hidden_size // num_attention_heads": head_dim * heads != d_model
+        and f"head_dim={head_dim}, num_attention_heads={heads}, hidden_size={d_model}",
+        "bidirectional attention (is_causal=False)": not (
+            getattr(module, "is_causal", True) and getattr(config, "is_causal", True)
+        ),
+    }
+    found = [
+        f"{feature}: {has!r}" for feature, has in refused.items() if has not in (None, False, [])
+    ]
+    if found:
+        raise ValueError(
+            f"cannot convert {type(module).__name__}: MultiHeadAttention does not compute "
+            + "; ".join(found)
+        )
+    scaling = float(getattr(module, "scaling", head_dim**-0.5))
+    weight = module.q_proj.weight
+    ours = MultiHeadAttention(
+        d_model,
+        heads,
+        dropout=float(getattr(config, "attention_dropout", 0.0)),
+        bias=bool(biased),
+        backend=backend,
+        num_kv_heads=config.num_key_value_heads,
+        rope_base=float(rope["rope_theta"]) if uses_rope else None,
+        scale=None if math.isclose(scaling, head_dim**-0.5, rel_tol=1e-9) else scaling,
+        window=getattr(module, "sliding_window", getattr(config, "sliding_window", None)),
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    interleaved = layout == "interleaved"
+    rows = {  # interleaved RoPE: each head's rows of W_q, W_k in rotate-half order
+        "q_proj": _head_rows(heads, head_dim, interleaved),
+        "k_proj": _head_rows(config.num_key_value_heads, head_dim, interleaved),
+    }
+    with torch.no_grad():
+        for linear, name in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), _PROJECTIONS):
+            theirs, order = getattr(module, name), rows.get(name, slice(None))
+            linear.weight.copy_(theirs.weight[order])
+            if theirs.bias is not None:
+                linear.bias.copy_(theirs.bias[order])
+    return ours.train(module.training)
+
+
+def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
+    """The RoPE layout of the rotation a transformers layer applies:
+    ``"rotate-half"`` (Llama), ``"interleaved"`` (Cohere), or ``None`` if it is
+    neither or cannot be found.
+
+    A layer rotates with the ``apply_rotary_pos_emb`` of its modeling file,
+    which takes ``cos`` and ``sin`` in the layout of its model's rotary
+    embedding (``cat`` for rotate-half, ``repeat_interleave`` for interleaved);
+    the probe feeds it both and compares with :func:`~attention_lib.apply_rope`.
+    """
+    forward = inspect.unwrap(type(module).forward)
+    rotate = getattr(forward, "__globals__", {}).get("apply_rotary_pos_emb")
+    names = getattr(getattr(forward, "__code__", None), "co_names", ())
+    if rotate is None or "apply_rotary_pos_emb" not in names or head_dim % 2:
+        return None
+    x = torch.randn(1, 1, 4, head_dim, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([3, 50, 700, 9000])
+    angles = positions[:, None] * rope_frequencies(head_dim)  # (4, head_dim / 2), float64
+    spread = {
+        "rotate-half": lambda t: torch.cat([t, t], -1),
+        "interleaved": lambda t: t.repeat_interleave(2, -1),
+    }
+    for layout, widen in spread.items():
+        cos, sin = (widen(f(angles)).float()[None] for f in (torch.cos, torch.sin))  # (1, 4, d)
+        try:
+            turned, _ = rotate(x, x, cos, sin)
+        except (TypeError, ValueError, RuntimeError):  # not Llama's arguments
+            return None
+        expected = apply_rope(x, positions, interleaved=layout == "interleaved")
+        if torch.allclose(turned, expected, rtol=0, atol=1e-5):
+            return layout
+    return None
+
+
+def _head_rows(heads: int, head_dim: int, interleaved: bool) -> torch.Tensor | slice:
+    """The rows of a ``(heads * head_dim, d_model)`` projection in the order of
+    this package's rotate-half RoPE: for an interleaved layer, each head's
+    coordinates are permuted by the inverse of :func:`rope_permutation`, which
+    keeps every query-key dot product."""
+    if not interleaved:
+        return slice(None)
+    order = torch.argsort(rope_permutation(head_dim))  # (head_dim,)
+    return (torch.arange(heads)[:, None] * head_dim + order).flatten()  # (heads * head_dim,)
