@@ -46,7 +46,8 @@ def check_same(what: str, **values: object) -> None:
     if len(set(values.values())) > 1:
         kind = TypeError if what == "dtype" else ValueError
         given = ", ".join(f"{name} {value}" for name, value in values.items())
-        raise kind(f"{', '.join(values)} must have the same {what}, got {given}")
+        names = " and ".join(values).replace(" and ", ", ", len(values) - 2)
+        raise kind(f"{names} must have the same {what}, got {given}")
 
 
 def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:

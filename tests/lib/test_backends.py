@@ -1,4 +1,4 @@
-"""Tests for attention_lib.backends: the table of backends and the lib/torch backends."""
+"""Tests for attention_lib.backends: the table of backends and what each computes."""
 
 from __future__ import annotations
 
@@ -6,45 +6,83 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_lib import MultiHeadAttention, available_backends, tiled_attention
-from attention_lib.backends import BACKENDS, lib_backend, torch_backend
+from attention_lib import MultiHeadAttention, available_backends, causal_mask
+from attention_lib.backends import (
+    BACKENDS,
+    expand_kv,
+    lib_attention,
+    lib_backend,
+    tiled_backend,
+    torch_backend,
+)
+from attention_lib.masks import Causal
 
 
 def test_the_table_names_three_backends() -> None:
     assert available_backends() == ("lib", "torch", "tiled")
-    assert BACKENDS == {"lib": lib_backend, "torch": torch_backend, "tiled": tiled_attention}
+    assert BACKENDS == {"lib": lib_backend, "torch": torch_backend, "tiled": tiled_backend}
 
 
-@pytest.mark.parametrize("is_causal", [False, True])
+CAUSAL = [None, Causal(), Causal(2), Causal(-1), Causal(0, 2), Causal(3, 2), Causal(4, 1)]
+
+
+@pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("with_mask", [False, True])
-@pytest.mark.parametrize("q_len,k_len", [(5, 5), (3, 6), (6, 3)])
-def test_backends_agree(is_causal, with_mask, q_len, k_len) -> None:
+@pytest.mark.parametrize("q_len,k_len", [(5, 5), (3, 6), (6, 3), (1, 7)])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_backends_agree_with_fused_sdpa(causal, with_mask, q_len, k_len, kv_heads) -> None:
+    # Every backend, every causal offset and window, grouped heads: the same numbers
+    # as F.scaled_dot_product_attention given the mask built in full and enable_gqa.
     torch.manual_seed(1)
-    q = torch.randn(2, 3, q_len, 8, dtype=torch.float64)
-    k = torch.randn(2, 3, k_len, 8, dtype=torch.float64)
-    v = torch.randn(2, 3, k_len, 4, dtype=torch.float64)
+    q = torch.randn(2, 4, q_len, 8, dtype=torch.float64)
+    k = torch.randn(2, kv_heads, k_len, 8, dtype=torch.float64)
+    v = torch.randn(2, kv_heads, k_len, 8, dtype=torch.float64)
     keep = None
     if with_mask:
         keep = torch.rand(2, 1, q_len, k_len) > 0.4
-        keep[0, 0, 1] = False  # a fully masked row
-    kwargs = {"dropout_p": 0.0, "is_causal": is_causal, "scale": 0.3}
-    expected = lib_backend(q, k, v, keep, **kwargs)
+        keep[0, 0, 0] = False  # a fully masked row
+    full = torch.ones(q_len, k_len, dtype=torch.bool)
+    if causal is not None:
+        full = causal_mask(q_len, k_len, offset=causal.offset, window=causal.window)
+    full = full if keep is None else full & keep
+    reference = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=full, scale=0.3, enable_gqa=kv_heads != 4
+    ).masked_fill(~full.any(-1, keepdim=True), 0.0)  # torch: NaN or 0 rows, ours 0
+    kwargs = {"causal": causal, "dropout_p": 0.0, "scale": 0.3}
     for name, backend in BACKENDS.items():
-        out = backend(q, k, v, keep, **kwargs)
-        torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10, msg=name)
-        if with_mask:
-            assert torch.all(out[0, :, 1] == 0), name  # the fully masked row
-    if not with_mask:
-        reference = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.3)
-        torch.testing.assert_close(expected, reference, atol=1e-10, rtol=1e-10)
+        options = {"block_size": (2, 3)} if name == "tiled" else {}
+        out = backend(q, k, v, keep, **kwargs, **options)
+        torch.testing.assert_close(out, reference, atol=1e-10, rtol=1e-10, msg=name)
+
+
+def test_lib_attention_returns_the_weights_of_every_query_head() -> None:
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 6, 4, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    out, weights = lib_attention(q, k, v, None, causal=Causal(1), dropout_p=0.0, scale=None)
+    assert weights.shape == (1, 6, 4, 5)
+    expected = torch.softmax(
+        (q @ expand_kv(k, 6).transpose(-2, -1) / 8**0.5).masked_fill(
+            ~causal_mask(4, 5, offset=1), float("-inf")
+        ),
+        -1,
+    )
+    torch.testing.assert_close(weights, expected)
+    torch.testing.assert_close(out, expected @ expand_kv(v, 6))
+
+
+def test_expand_kv_is_transformers_repeat_kv() -> None:
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    k = torch.randn(2, 3, 5, 4)
+    assert torch.equal(expand_kv(k, 12), repeat_kv(k, 4))
+    assert expand_kv(k, 3) is k
 
 
 def test_torch_backend_dropout() -> None:
     q = torch.randn(1, 2, 4, 8)
-    out = torch_backend(q, q, q, None, dropout_p=0.5, is_causal=False, scale=None)
-    assert not torch.allclose(
-        out, torch_backend(q, q, q, None, dropout_p=0.0, is_causal=False, scale=None)
-    )
+    kwargs = {"causal": None, "scale": None}
+    out = torch_backend(q, q, q, None, dropout_p=0.5, **kwargs)
+    assert not torch.allclose(out, torch_backend(q, q, q, None, dropout_p=0.0, **kwargs))
 
 
 @pytest.mark.parametrize("backend", ["lib", "torch", "tiled"])
