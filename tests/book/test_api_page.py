@@ -1,0 +1,113 @@
+"""The API page (book/api.md) documents exactly the public names, attention_lib.__all__.
+
+The page documents a name with an autodoc directive (``autofunction``, ``autoclass``,
+``autodata``) or a plain ``py:data`` one, inside ``{eval-rst}`` blocks, under the
+module set by the last ``currentmodule`` (or ``automodule``). A name documented in its
+submodule (``attention_lib.tiled.tiled_attention``) counts when the package exports the
+same object under that name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import attention_lib
+
+ROOT = Path(__file__).resolve().parents[2]
+API_PAGE = ROOT / "book" / "api.md"
+
+EVAL_RST = re.compile(r"^```\{eval-rst\}\n(.*?)^```", re.S | re.M)
+DIRECTIVE = re.compile(
+    r"^\.\. (currentmodule|automodule|autofunction|autoclass|autodata|autoexception"
+    r"|py:function|py:class|py:data)::\s*(\S+)",
+    re.M,
+)
+
+# Documented in their submodule, which the page says, and deliberately not exported
+# from the package: the backends' registry (to add a backend) and the default tile size.
+SUBMODULE_ONLY = {
+    "attention_lib.backends.BACKENDS",
+    "attention_lib.backends.lib_backend",
+    "attention_lib.backends.torch_backend",
+    "attention_lib.tiled.DEFAULT_BLOCK_SIZE",
+}
+
+
+def documented(page: str) -> list[str]:
+    """Qualified names of the objects the page documents, in page order."""
+    names = []
+    for block in EVAL_RST.findall(page):
+        module = None
+        for kind, target in DIRECTIVE.findall(block):
+            if kind in ("currentmodule", "automodule"):
+                module = target
+            else:
+                assert module, f"{kind}:: {target} comes before any currentmodule"
+                names.append(target if "." in target else f"{module}.{target}")
+    return names
+
+
+def resolve(qualname: str) -> object:
+    module, name = qualname.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def exported_as(qualname: str) -> str | None:
+    """The name in __all__ under which the package exports this object, if any."""
+    name = qualname.rsplit(".", 1)[1]
+    if name in attention_lib.__all__ and getattr(attention_lib, name) is resolve(qualname):
+        return name
+    return None
+
+
+def check(page: str) -> tuple[list[str], list[str], list[str]]:
+    """(names of __all__ the page misses, names it documents that are not in __all__,
+    names it documents twice)."""
+    names = documented(page)
+    exported = {exported_as(q) for q in names} - {None}
+    missing = [n for n in attention_lib.__all__ if n not in exported]
+    extra = [q for q in names if exported_as(q) is None and q not in SUBMODULE_ONLY]
+    twice = sorted({q for q in names if names.count(q) > 1})
+    return missing, extra, twice
+
+
+def test_the_parser_reads_the_page() -> None:
+    names = documented(API_PAGE.read_text(encoding="utf-8"))
+    assert len(names) >= len(attention_lib.__all__) > 30
+    assert "attention_lib.causal_mask" in names  # under currentmodule:: attention_lib
+    assert "attention_lib.tiled.tiled_attention" in names  # in its submodule
+    assert "attention_lib.PUBLISHED_SHAPES" in names  # a plain py:data directive
+
+
+def test_every_public_name_is_documented_and_nothing_else() -> None:
+    missing, extra, twice = check(API_PAGE.read_text(encoding="utf-8"))
+    assert missing == [], f"add them to book/api.md: {missing}"
+    assert extra == [], f"not in attention_lib.__all__: {extra}"
+    assert twice == []
+
+
+def test_the_submodule_only_names_exist_and_are_documented() -> None:
+    names = documented(API_PAGE.read_text(encoding="utf-8"))
+    for qualname in SUBMODULE_ONLY:
+        resolve(qualname)  # raises if the name is gone from its module
+        assert qualname in names
+        assert exported_as(qualname) is None  # else it belongs to the general rule
+
+
+def test_the_check_catches_a_missing_and_an_extra_name() -> None:
+    page = API_PAGE.read_text(encoding="utf-8")
+    without = page.replace(".. autofunction:: causal_mask\n", "")
+    assert without != page
+    assert check(without)[0] == ["causal_mask"]
+    extra = page.replace(
+        ".. autofunction:: causal_mask\n",
+        ".. autofunction:: causal_mask\n\n.. autofunction:: check_mask\n",
+    )
+    assert check(extra)[1] == ["attention_lib.check_mask"]
+    twice = page.replace(
+        ".. autofunction:: causal_mask\n",
+        ".. autofunction:: causal_mask\n\n.. autofunction:: causal_mask\n",
+    )
+    assert check(twice)[2] == ["attention_lib.causal_mask"]
