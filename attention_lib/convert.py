@@ -96,14 +96,14 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     Copies ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` into ``W_q``,
     ``W_k``, ``W_v`` and ``W_o``, and reads the rest from the layer and its
     config: ``num_key_value_heads``, the RoPE base
-    (``rope_parameters["rope_theta"]``; no RoPE for a layer with
-    ``use_rope=False``, as SmolLM3's NoPE layers), a score scaling other than
+    (``rope_parameters["rope_theta"]``; no RoPE for a layer whose ``use_rope``
+    is false, as SmolLM3's NoPE layers), a score scaling other than
     ``1/sqrt(head_dim)`` (``module.scaling``, e.g. Granite's
     ``attention_multiplier`` or Gemma 2's ``query_pre_attn_scalar``) as
     ``scale``, and the layer's sliding window (``module.sliding_window`` for
     the sliding layers of Qwen2 or Gemma 2, else ``config.sliding_window`` as
     in Mistral) as ``window``. A layer that rotates coordinate pairs
-    ``(2i, 2i+1)`` (Cohere's interleaved RoPE) is reproduced by permuting
+    ``(2i, 2i+1)`` (the interleaved RoPE of Cohere or Helium) is reproduced by permuting
     the rows of each head of ``W_q`` and ``W_k``
     (:func:`~attention_lib.rope_permutation`): the scores stay the same.
 
@@ -158,7 +158,8 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     heads, d_model = config.num_attention_heads, config.hidden_size
     head_dim = module.q_proj.out_features // heads
     rope = config.rope_parameters or {}
-    uses_rope = getattr(module, "use_rope", True) is not False  # False: a NoPE layer
+    rope = rope.get(getattr(module, "layer_type", None), rope)  # one per layer type (Gemma 3)
+    uses_rope = bool(getattr(module, "use_rope", True))  # SmolLM3: 0 in its NoPE layers
     layout = _rope_layout(module, head_dim) if uses_rope else None
     biased = [n for n in _PROJECTIONS if getattr(module, n).bias is not None]
     extras = [n for n, _ in module.named_children() if n not in _PROJECTIONS]
@@ -222,13 +223,14 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
 
 def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
     """The RoPE layout of the rotation a transformers layer applies:
-    ``"rotate-half"`` (Llama), ``"interleaved"`` (Cohere), or ``None`` if it is
-    neither or cannot be found.
+    ``"rotate-half"`` (Llama), ``"interleaved"`` (Cohere, Helium), or ``None``
+    if it is neither or cannot be found.
 
     A layer rotates with the ``apply_rotary_pos_emb`` of its modeling file,
-    which takes ``cos`` and ``sin`` in the layout of its model's rotary
-    embedding (``cat`` for rotate-half, ``repeat_interleave`` for interleaved);
-    the probe feeds it both and compares with :func:`~attention_lib.apply_rope`.
+    which takes ``cos`` and ``sin`` from its model's rotary embedding, each
+    angle once per pair of the layout (``cat``) or repeated (Cohere's
+    ``repeat_interleave``). The probe feeds the function both and compares
+    with :func:`~attention_lib.apply_rope`'s two layouts.
     """
     forward = inspect.unwrap(type(module).forward)
     rotate = getattr(forward, "__globals__", {}).get("apply_rotary_pos_emb")
@@ -238,19 +240,15 @@ def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
     x = torch.randn(1, 1, 4, head_dim, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([3, 50, 700, 9000])
     angles = positions[:, None] * rope_frequencies(head_dim)  # (4, head_dim / 2), float64
-    spread = {
-        "rotate-half": lambda t: torch.cat([t, t], -1),
-        "interleaved": lambda t: t.repeat_interleave(2, -1),
-    }
-    for layout, widen in spread.items():
-        cos, sin = (widen(f(angles)).float()[None] for f in (torch.cos, torch.sin))  # (1, 4, d)
+    for angle in (torch.cat([angles, angles], -1), angles.repeat_interleave(2, -1)):  # (4, d)
         try:
-            turned, _ = rotate(x, x, cos, sin)
+            turned, _ = rotate(x, x, angle.cos().float()[None], angle.sin().float()[None])
         except (TypeError, ValueError, RuntimeError):  # not Llama's arguments
             return None
-        expected = apply_rope(x, positions, interleaved=layout == "interleaved")
-        if torch.allclose(turned, expected, rtol=0, atol=1e-5):
-            return layout
+        for layout in ("rotate-half", "interleaved"):
+            expected = apply_rope(x, positions, interleaved=layout == "interleaved")
+            if torch.allclose(turned, expected, rtol=0, atol=1e-5):
+                return layout
     return None
 
 

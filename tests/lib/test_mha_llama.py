@@ -170,7 +170,8 @@ def test_from_hf_llama_matches_llama_attention(impl, num_kv_heads, bias, theta):
 
 
 def test_from_hf_llama_reads_mistral_attention_too():
-    """Mistral's attention layer has Llama's layout; its window lives in the mask."""
+    """Mistral's attention layer has Llama's layout; the converted module holds its
+    window, and is_causal=True gives the model's sliding-window mask."""
     from transformers import MistralConfig
     from transformers.models.mistral.modeling_mistral import (
         MistralAttention,
@@ -188,32 +189,14 @@ def test_from_hf_llama_reads_mistral_attention_too():
     torch.manual_seed(8)
     hf = MistralAttention(config, layer_idx=0).eval()
     ours = MultiHeadAttention.from_hf_llama(hf).eval()
+    assert ours.window == 4
     x = torch.randn(1, 10, D_MODEL)
     cos_sin = MistralRotaryEmbedding(config)(x, torch.arange(10)[None])
     keep = causal_mask(10, window=4)
     additive = torch.zeros(10, 10).masked_fill(~keep, float("-inf"))[None, None]
     with torch.no_grad():
         theirs, _ = hf(x, position_embeddings=cos_sin, attention_mask=additive)
-        torch.testing.assert_close(ours(x, x, x, keep), theirs, atol=1e-5, rtol=0)
-
-
-def test_from_hf_llama_refuses_what_it_cannot_copy():
-    with pytest.raises(TypeError, match="LlamaAttention"):
-        MultiHeadAttention.from_hf_llama(torch.nn.Linear(2, 2))
-    _, hf = llama(2, "eager", bias=True)
-    hf.o_proj = torch.nn.Linear(D_MODEL, D_MODEL, bias=False)  # Qwen2-style biases
-    with pytest.raises(ValueError, match="bias"):
-        MultiHeadAttention.from_hf_llama(hf)
-    config = LlamaConfig(hidden_size=D_MODEL, num_attention_heads=HEADS, head_dim=16)
-    with pytest.raises(ValueError, match="head_dim"):
-        MultiHeadAttention.from_hf_llama(LlamaAttention(config, layer_idx=0))
-    config = LlamaConfig(
-        hidden_size=D_MODEL,
-        num_attention_heads=HEADS,
-        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
-    )
-    with pytest.raises(ValueError, match="rope_type"):
-        MultiHeadAttention.from_hf_llama(LlamaAttention(config, layer_idx=0))
+        torch.testing.assert_close(ours(x, x, x, is_causal=True), theirs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
