@@ -39,8 +39,9 @@ report bad ones. A statement is a *check* if it is
 Every line of a *check function* counts too, from its decorators to its last
 line (docstring excluded, as everywhere): a function named ``check_*``,
 ``_check_*`` or ``_check``, or one whose body, after the docstring, is only
-checks, perhaps followed by a ``return`` of a name or a constant. Helpers that check nothing (``trusted_inputs``, a function that
-formats an error message) are code, not validation.
+checks, perhaps followed by a ``return`` of a name or a constant. Helpers
+that check nothing (``trusted_inputs``, a function that formats an error
+message) are code, not validation.
 
 Calibration against issue 21 (package at commit 2b2cc86): the code lines are
 2,979, the issue's count exactly (only with ``show/`` and ``__init__.py``
