@@ -33,11 +33,11 @@ def test_causal_mask_default_square_and_device() -> None:
 @pytest.mark.parametrize(
     "args,exc,match",
     [
-        ((2.0,), TypeError, "q_len must be an int"),
-        ((True,), TypeError, "q_len must be an int"),
-        ((-1,), ValueError, "q_len must be an int >= 0, got -1"),
-        ((2, "3"), TypeError, "k_len must be an int"),
-        ((2, -3), ValueError, "k_len must be an int >= 0, got -3"),
+        ((2.0,), TypeError, "q_len"),
+        ((True,), TypeError, "q_len"),
+        ((-1,), ValueError, "q_len"),
+        ((2, "3"), TypeError, "k_len"),
+        ((2, -3), ValueError, "k_len"),
     ],
 )
 def test_causal_mask_bad_input(args: tuple, exc: type, match: str) -> None:
@@ -63,18 +63,18 @@ def test_padding_mask_values_and_shape() -> None:
             torch.tensor([1.0, 2.0]),
             None,
             TypeError,
-            "lengths must be an integer tensor, got dtype torch.float32",
+            "lengths",
         ),
-        ([1, 2.5], None, TypeError, "lengths must be a 1-D integer tensor or a sequence of ints"),
+        ([1, 2.5], None, TypeError, "lengths"),
         (
             torch.tensor([[1, 2]]),
             None,
             ValueError,
-            r"lengths must be 1-D \(B,\), got shape \(1, 2\)",
+            "lengths",
         ),
-        (torch.tensor([1, -2]), None, ValueError, "lengths must be >= 0"),
-        (torch.tensor([1, 5]), 3, ValueError, "lengths must be <= max_len=3"),
-        (torch.tensor([1, 2]), 2.0, TypeError, "max_len must be an int"),
+        (torch.tensor([1, -2]), None, ValueError, "lengths"),
+        (torch.tensor([1, 5]), 3, ValueError, "max_len"),
+        (torch.tensor([1, 2]), 2.0, TypeError, "max_len"),
     ],
 )
 def test_padding_mask_bad_input(lengths: object, max_len: object, exc: type, match: str) -> None:

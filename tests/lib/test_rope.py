@@ -141,12 +141,12 @@ def test_gradient_flows():
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda: apply_rope([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
+        (lambda: apply_rope([1.0, 2.0]), TypeError, "x must"),
         (lambda: apply_rope(torch.ones(3, 4, dtype=torch.long)), TypeError, "floating"),
-        (lambda: apply_rope(torch.ones(4)), ValueError, "at least 2 dims"),
+        (lambda: apply_rope(torch.ones(4)), ValueError, "2 dims"),
         (lambda: apply_rope(torch.ones(3, 5)), ValueError, "even"),
         (lambda: apply_rope(torch.ones(3, 4), torch.ones(3)), TypeError, "integer tensor"),
-        (lambda: apply_rope(torch.ones(3, 4), [0, 1, 2]), TypeError, "positions must be"),
+        (lambda: apply_rope(torch.ones(3, 4), [0, 1, 2]), TypeError, "positions"),
         (lambda: apply_rope(torch.ones(3, 4), torch.arange(4)), ValueError, "broadcast"),
         (
             lambda: apply_rope(torch.ones(2, 3, 4), torch.arange(3)[None, None]),
