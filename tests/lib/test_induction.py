@@ -71,7 +71,7 @@ def test_predictable_accuracy_counts_only_the_predictable_positions() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="max_period must be <= vocab_size=4"):
+    with pytest.raises(ValueError, match="max_period"):
         make_induction_data(3, 10, 4, max_period=5, generator=seeded(0))
     with pytest.raises(ValueError, match="max_period"):
         make_induction_data(3, 10, 9, min_period=4, max_period=3, generator=seeded(0))

@@ -58,15 +58,15 @@ def test_task_data_is_deterministic_per_seed() -> None:
 
 
 def test_task_data_bad_input() -> None:
-    with pytest.raises(ValueError, match="task must be one of"):
+    with pytest.raises(ValueError, match="task"):
         make_task_data("copy", 4, 4, 4, generator=gen(0))
-    with pytest.raises(TypeError, match="generator must be a torch.Generator, got int"):
+    with pytest.raises(TypeError, match="generator"):
         make_task_data("reverse", 4, 4, 4, generator=0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="seq_len must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="seq_len"):
         make_task_data("reverse", 4, 0, 4, generator=gen(0))
-    with pytest.raises(ValueError, match="vocab_size must be an int >= 2, got 1"):
+    with pytest.raises(ValueError, match="vocab_size"):
         make_task_data("reverse", 4, 4, 1, generator=gen(0))
-    with pytest.raises(TypeError, match="num_sequences must be an int"):
+    with pytest.raises(TypeError, match="num_sequences"):
         make_task_data("reverse", 4.0, 4, 4, generator=gen(0))  # type: ignore[arg-type]
 
 
@@ -76,7 +76,7 @@ def test_task_data_bad_input() -> None:
 def test_ideal_key_positions() -> None:
     assert ideal_key_positions("reverse", 5).tolist() == [4, 3, 2, 1, 0]
     assert ideal_key_positions("shift", 5, offset=2).tolist() == [3, 4, 0, 1, 2]
-    with pytest.raises(ValueError, match="'sort' has no fixed ideal key position"):
+    with pytest.raises(ValueError, match="sort"):
         ideal_key_positions("sort", 5)
 
 
@@ -106,17 +106,15 @@ def test_ideal_attention_share_of_perfect_uniform_and_blurred_weights() -> None:
 
 def test_ideal_attention_share_bad_input() -> None:
     ideal = ideal_key_positions("reverse", 4)
-    with pytest.raises(ValueError, match=r"key_positions must have shape \(Lq,\) = \(3,\)"):
+    with pytest.raises(ValueError, match="key_positions"):
         ideal_attention_share(torch.rand(3, 4), ideal)
-    with pytest.raises(ValueError, match=r"key_positions must lie in \[0, Lk=3\)"):
+    with pytest.raises(ValueError, match="key_positions"):
         ideal_attention_share(torch.rand(4, 3), ideal)
-    with pytest.raises(
-        TypeError, match=r"key_positions must be an integer tensor \(Lq,\), got dtype torch.float32"
-    ):
+    with pytest.raises(TypeError, match="key_positions"):
         ideal_attention_share(torch.rand(4, 4), ideal.float())
-    with pytest.raises(TypeError, match="weights must be a floating torch.Tensor"):
+    with pytest.raises(TypeError, match="weights"):
         ideal_attention_share(torch.ones(4, 4, dtype=torch.long), ideal)
-    with pytest.raises(ValueError, match="window must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="window"):
         ideal_attention_share(torch.rand(4, 4), ideal, window=-1)
 
 
@@ -125,7 +123,7 @@ def test_count_shared_sequences() -> None:
     b = torch.tensor([[1, 2, 3], [9, 9, 9]])
     assert count_shared_sequences(a, b) == 2
     assert count_shared_sequences(b, a) == 1
-    with pytest.raises(ValueError, match="same length L"):
+    with pytest.raises(ValueError, match="length"):
         count_shared_sequences(a, torch.zeros(2, 4, dtype=torch.long))
 
 
@@ -147,7 +145,7 @@ def test_token_accuracy_counts_positions_and_restores_the_mode() -> None:
     expected = 1 - (y[:, 0] != 0).sum().item() / y.numel()
     assert token_accuracy(model, x, y, batch_size=3) == pytest.approx(expected)
     assert model.training
-    with pytest.raises(ValueError, match="inputs and targets must have the same shape"):
+    with pytest.raises(ValueError, match="same shape"):
         token_accuracy(model, x, y[:, :4])
 
 
@@ -190,13 +188,13 @@ def test_training_solves_a_tiny_task_deterministically() -> None:
 def test_training_bad_input() -> None:
     model = TokenClassifier(4, d_model=8, num_heads=2, max_len=5)
     x, y = make_task_data("reverse", 8, 5, 4, generator=gen(0))
-    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="steps"):
         train_token_classifier(model, x, y, steps=0, generator=gen(0))
-    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+    with pytest.raises(TypeError, match="generator"):
         train_token_classifier(model, x, y, steps=1, generator=None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="inputs and targets must have the same shape"):
+    with pytest.raises(ValueError, match="same shape"):
         train_token_classifier(model, x, y[:4], steps=1, generator=gen(0))
-    with pytest.raises(TypeError, match="inputs must be an integer tensor"):
+    with pytest.raises(TypeError, match="inputs"):
         train_token_classifier(model, x.float(), y, steps=1, generator=gen(0))
 
 
