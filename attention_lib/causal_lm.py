@@ -141,12 +141,13 @@ class CausalLM(nn.Module):
         """
         check_token_ids(tokens, self.vocab_size)
         past = 0 if cache is None else self.check_cache(cache)
-        if not 1 <= tokens.shape[1] <= self.max_len - past:
-            raise ValueError(
-                f"tokens must be (B, L) with 1 <= L <= max_len - cached = {self.max_len} - "
-                f"{past}, got shape {tuple(tokens.shape)}"
-            )
         length = tokens.shape[1]
+        if length == 0 or past + length > self.max_len:  # chapter 10 shows this error
+            raise ValueError(
+                f"tokens must have L >= 1, got shape {tuple(tokens.shape)}"
+                if length == 0
+                else f"{past} cached + {length} new tokens is longer than max_len={self.max_len}"
+            )
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
         x = self.embedding(tokens)  # (B, L, d)
         if isinstance(self.position, nn.Embedding):  # learned positions

@@ -95,7 +95,7 @@ def generate(
     """
     check_instance("model", model, CausalLM, "a CausalLM")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
-    if check_token_ids(prompt, model.vocab_size).numel() == 0:
+    if check_token_ids(prompt, model.vocab_size, name="prompt").numel() == 0:
         raise ValueError(f"prompt must not be empty, got shape {tuple(prompt.shape)}")
     if prompt.shape[1] + max_new_tokens > model.max_len:
         raise ValueError(

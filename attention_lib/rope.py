@@ -184,6 +184,6 @@ def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
 
 def check_d_head(d_head: object, *, name: str = "d_head") -> int:
     """A head width for RoPE: a positive even int (RoPE turns coordinate pairs)."""
-    if check_int(name, d_head, minimum=2) % 2:
-        raise ValueError(f"{name} must be even (RoPE turns coordinate pairs), got {d_head}")
+    if check_int(name, d_head, minimum=0) < 2 or d_head % 2:
+        raise ValueError(f"{name} must be a positive even int (RoPE turns pairs), got {d_head}")
     return int(d_head)

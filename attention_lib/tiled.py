@@ -345,7 +345,7 @@ def tiled_core(
     if needs_grad and dropout_p > 0.0:
         raise ValueError(
             f"tiled attention cannot apply dropout (dropout_p={dropout_p!r}) while computing "
-            "gradients: its backward pass recomputes the weights tile by tile and would need "
+            "gradients: its backward pass recomputes the attention weights tile by tile and would need "
             "the forward pass's random dropout mask, which is not stored. Use dropout_p=0.0, "
             "torch.no_grad(), or the 'lib' or 'torch' backend for training with dropout."
         )

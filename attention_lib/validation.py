@@ -171,9 +171,11 @@ def check_bool(name: str, value: object) -> bool:
 
 
 def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
-    """``value`` must be one of ``choices`` (compared with ``==``)."""
+    """``value`` must be one of ``choices``: a ``TypeError`` if it has none of their
+    types, else a ``ValueError`` if it is none of them."""
     if not any(value == c and type(value) is type(c) for c in choices):
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        kind = ValueError if type(value) in {type(c) for c in choices} else TypeError
+        raise kind(f"{name} must be one of {tuple(choices)}, got {_got(value)}")
 
 
 def check_generator(generator: object, *, optional: bool = False) -> None:
@@ -220,14 +222,14 @@ def check_positions(positions: object, shape: Sequence[int], device: torch.devic
     return positions
 
 
-def check_token_ids(tokens: object, vocab_size: int) -> Tensor:
+def check_token_ids(tokens: object, vocab_size: int, *, name: str = "tokens") -> Tensor:
     """``tokens`` must be an integer ``(B, L)`` tensor of ids in ``[0, vocab_size)``."""
-    tokens = check_integer_tensor("tokens", tokens, what=" of ids")
+    tokens = check_integer_tensor(name, tokens, what=" of token ids")
     if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape (B, L), got shape {tuple(tokens.shape)}")
+        raise ValueError(f"{name} must have shape (B, L), got shape {tuple(tokens.shape)}")
     if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab_size:
         raise ValueError(
-            f"tokens must hold ids in [0, vocab_size={vocab_size}), got values in "
+            f"{name} must hold ids in [0, vocab_size={vocab_size}), got values in "
             f"[{int(tokens.min())}, {int(tokens.max())}]"
         )
     return tokens

@@ -73,13 +73,15 @@ def test_positional_encoding_shift_is_a_rotation() -> None:
 def test_positional_encoding_bad_input() -> None:
     with pytest.raises(TypeError, match="max_len"):
         sinusoidal_positional_encoding(4.0, 8)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="d_model must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="d_model"):
         sinusoidal_positional_encoding(4, 0)
-    with pytest.raises(ValueError, match="base must be a number > 1"):
+    with pytest.raises(ValueError, match="base"):
         sinusoidal_positional_encoding(4, 8, base=1.0)
-    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+    with pytest.raises(TypeError, match="base"):
+        sinusoidal_positional_encoding(4, 8, base="1e4")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dtype"):
         sinusoidal_positional_encoding(4, 8, dtype=torch.int64)
-    with pytest.raises(TypeError, match="dtype must be a floating dtype, got 'float32'"):
+    with pytest.raises(TypeError, match="dtype"):
         sinusoidal_positional_encoding(4, 8, dtype="float32")  # type: ignore[arg-type]
 
 
@@ -89,14 +91,8 @@ def test_positional_encoding_module_adds_the_table_and_has_no_parameters() -> No
     x = torch.randn(2, 6, 8)
     torch.testing.assert_close(module(x), x + sinusoidal_positional_encoding(6, 8))
     assert module(x.double()).dtype == torch.float64
-    with pytest.raises(ValueError, match="sequence length 11, longer than max_len=10"):
-        module(torch.randn(1, 11, 8))
-    with pytest.raises(
-        ValueError, match=r"x must have shape \(B, L, d_model=8\), got shape \(2, 6, 4\)"
-    ):
-        module(torch.randn(2, 6, 4))
-    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        module(torch.zeros(2, 6, 8, dtype=torch.long))
+    positions = torch.tensor([3, 4, 5, 6, 7, 8])  # after 3 cached positions
+    torch.testing.assert_close(module(x, positions), x + sinusoidal_positional_encoding(9, 8)[3:])
 
 
 # --- feed-forward block ------------------------------------------------------------------
@@ -116,12 +112,9 @@ def test_feed_forward_is_position_wise_and_counts_its_parameters() -> None:
 
 
 def test_feed_forward_bad_input() -> None:
-    ffn = FeedForward(8, 16)
-    with pytest.raises(ValueError, match=r"last dim d_model=8, got shape \(2, 7\)"):
-        ffn(torch.randn(2, 7))
-    with pytest.raises(ValueError, match="d_ff must be an int >= 1"):
+    with pytest.raises(ValueError, match="d_ff"):
         FeedForward(8, 0)
-    with pytest.raises(ValueError, match="dropout must be a float in"):
+    with pytest.raises(ValueError, match="dropout"):
         FeedForward(8, 16, dropout=1.0)
 
 
@@ -292,107 +285,65 @@ def test_only_the_model_without_positions_is_permutation_equivariant(
 
 def test_classifier_bad_input() -> None:
     model = TokenClassifier(5, d_model=8, num_heads=2, max_len=6)
-    with pytest.raises(
-        TypeError, match="tokens must be an integer tensor of ids, got dtype torch.float32"
-    ):
+    with pytest.raises(TypeError, match="tokens must be an integer tensor"):
         model(torch.zeros(1, 4))
-    with pytest.raises(ValueError, match=r"tokens must have shape \(B, L\), got shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"\(B, L\)"):
         model(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="sequence length 7, longer than max_len=6"):
+    with pytest.raises(ValueError, match="max_len=6"):
         model(torch.zeros(1, 7, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"ids in \[0, vocab_size=5\), got values in \[0, 5\]"):
+    with pytest.raises(ValueError, match=r"ids in \[0, vocab_size=5\)"):
         model(torch.tensor([[0, 5]]))
-    with pytest.raises(ValueError, match="positional must be one of"):
+    with pytest.raises(ValueError, match="positional"):
         TokenClassifier(5, positional="rotary")
-    with pytest.raises(ValueError, match="d_model must be divisible by num_heads"):
+    with pytest.raises(ValueError, match="num_heads must divide d_model"):
         TokenClassifier(5, d_model=10, num_heads=4)
-    with pytest.raises(TypeError, match="vocab_size must be an int"):
+    with pytest.raises(TypeError, match="vocab_size"):
         TokenClassifier(5.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="d_model must be an int >= 1, got float 16.0"):
+    with pytest.raises(TypeError, match="d_model"):
         TokenClassifier(5, d_model=16.0, positional=None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="num_layers must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_layers"):
         Encoder(8, 2, 0)
-    with pytest.raises(
-        ValueError, match=r"mask of shape \(3, 3\) does not broadcast to .* \(1, 2, 4, 4\)"
-    ):
+    with pytest.raises(ValueError, match="mask"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.ones(3, 3, dtype=torch.bool))
-    with pytest.raises(TypeError, match="need_weights must be a bool, got int"):
+    with pytest.raises(TypeError, match="need_weights"):
         model(torch.zeros(1, 4, dtype=torch.long), need_weights=1)
 
 
-# --- validate once, at the public door -----------------------------------------------
+# --- public entry points validate, building blocks pass down --------------------------
 
 
 @pytest.mark.parametrize("module", ["layer", "encoder"])
-def test_layer_stack_doors_check_x_mask_and_flags(module: str) -> None:
+def test_layer_stacks_are_checked_by_their_attention(module: str) -> None:
+    # EncoderLayer and Encoder are building blocks that check nothing themselves (a
+    # wrong x fails in their first LayerNorm); the MultiHeadAttention inside
+    # validates the mask, the flags and the cache it is given, with clear errors.
     door = EncoderLayer(8, 2) if module == "layer" else Encoder(8, 2, 2)
     x = torch.randn(2, 4, 8)
-    with pytest.raises(
-        ValueError, match=r"x must have shape \(B, L, d_model\) = \(B, L, 8\), got \(2, 4, 6\)"
-    ):
-        door(x[..., :6])
-    with pytest.raises(
-        TypeError, match=r"x must have the module's dtype torch.float32, got torch.float64"
-    ):
-        door(x.double())
-    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 5\) does not broadcast"):
+    with pytest.raises(ValueError, match="mask"):
         door(x, padding_mask([5, 3]))
-    with pytest.raises(ValueError, match=r"mask must have shape \(Lq, Lk\), .* got \(2, 4, 4\)"):
+    with pytest.raises(ValueError, match=r"mask must be \(Lq, Lk\)"):
         door(x, torch.ones(2, 4, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="need_weights must be a bool, got str"):
+    with pytest.raises(TypeError, match="need_weights"):
         door(x, need_weights="yes")
+    if module == "encoder":
+        with pytest.raises(TypeError, match="cache must be a KVCache"):
+            door(x, cache=[])
 
 
-def _validation_calls(fn) -> int:
-    """How many validation helpers (check_* / _check*) of attention_lib ``fn()`` calls."""
-    import sys
+def test_no_global_or_thread_local_validation_switch() -> None:
+    import pathlib
 
-    calls = 0
+    import attention_lib
 
-    def profile(frame, event, arg):
-        nonlocal calls
-        code = frame.f_code
-        if (
-            event == "call"
-            and "attention_lib" in code.co_filename
-            and code.co_name.startswith(("check_", "_check"))
-        ):
-            calls += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
-def test_validation_runs_once_per_call_not_once_per_layer() -> None:
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 8)
-    mask = padding_mask([5, 3])
-    tokens = torch.randint(7, (2, 5))
-    counts = {}
-    for layers in (1, 4):
-        encoder = Encoder(8, 2, layers).eval()
-        classifier = TokenClassifier(7, d_model=8, num_heads=2, num_layers=layers).eval()
-        counts[layers] = (
-            _validation_calls(lambda: encoder(x, mask)),
-            _validation_calls(lambda: classifier(tokens, mask, need_weights=True)),
-        )
-    assert counts[1] == counts[4]  # the same checks, however deep the stack
-    assert all(n > 0 for n in counts[1])  # ... and the profiler does see them
-    layer, mha = EncoderLayer(8, 2).eval(), MultiHeadAttention(8, 2).eval()
-    # one layer validates no more than the attention inside it does on its own
-    assert _validation_calls(lambda: layer(x, mask)) <= _validation_calls(
-        lambda: mha(x, x, x, mask)
-    )
+    package = pathlib.Path(attention_lib.__file__).parent
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        for switch in ("ContextVar", "threading.local", "trusted_inputs", "inputs_trusted"):
+            assert switch not in text, (path.name, switch)
 
 
 def test_forward_hooks_of_the_submodules_run() -> None:
-    # Chapter 7 ablates blocks with forward hooks: validating once must not bypass them.
-    from attention_lib._checks import inputs_trusted
-
+    # Chapter 7 ablates blocks with forward hooks.
     torch.manual_seed(0)
     model = TokenClassifier(7, d_model=8, num_heads=2, num_layers=2).eval()
     tokens = torch.randint(7, (3, 5))
@@ -413,23 +364,22 @@ def test_forward_hooks_of_the_submodules_run() -> None:
     assert calls == ["MultiHeadAttention", "FeedForward"]
     assert not torch.allclose(ablated, before)
     assert torch.equal(model(tokens), before)
-    assert not inputs_trusted()  # the trusted block ends with the call
 
 
-def test_checks_come_back_after_an_error_inside_the_stack() -> None:
-    from attention_lib._checks import inputs_trusted
-
-    layer = EncoderLayer(8, 2)
-
-    def fail(module, inputs, output):
-        raise RuntimeError("boom")
-
-    hook = layer.ffn.register_forward_hook(fail)
-    with pytest.raises(RuntimeError, match="boom"):
-        layer(torch.randn(1, 3, 8))
+def test_a_hook_can_call_a_module_as_a_user_would() -> None:
+    # Before: inside a model's forward a process-wide "trusted" flag was set, so a 0/1
+    # float mask that works in a direct call raised an opaque TypeError in a hook.
+    torch.manual_seed(0)
+    model = TokenClassifier(7, d_model=8, num_heads=2, num_layers=2).eval()
+    probe = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(1, 3, 8)
+    keep = torch.tensor([[1.0, 0.0, 1.0]] * 3)  # a 0/1 float keep-mask
+    direct = probe(x, x, x, keep)
+    seen = []
+    hook = model.encoder.layers[0].ffn.register_forward_hook(
+        lambda module, inputs, output: seen.append(probe(x, x, x, keep))
+    )
+    with torch.no_grad():
+        model(torch.randint(7, (1, 4)))
     hook.remove()
-    assert not inputs_trusted()
-    with pytest.raises(ValueError, match=r"x must have shape"):
-        layer(torch.randn(1, 3, 5))
-    with pytest.raises(ValueError, match=r"x must have last dim d_model=8"):
-        layer.ffn(torch.randn(1, 3, 5))
+    assert torch.equal(seen[0], direct)

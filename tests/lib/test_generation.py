@@ -111,14 +111,14 @@ def test_clear_errors(lm: CausalLM) -> None:
         generate(lm, prompt().float(), 3)
     with pytest.raises(TypeError, match="torch.Tensor of token ids"):
         generate(lm, [[1, 2]], 3)
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature"):
         generate(lm, prompt(), 3, do_sample=True, temperature=0.0)
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature"):
         generate(lm, prompt(), 3, do_sample=True, temperature=-1.0)
     generate(lm, prompt(), 3, temperature=0.0)  # greedy ignores the temperature
     with pytest.raises(ValueError, match="top_k"):
         generate(lm, prompt(), 3, do_sample=True, top_k=0)
-    with pytest.raises(ValueError, match=r"shape \(B, T0\)"):
+    with pytest.raises(ValueError, match=r"prompt must have shape \(B, L\)"):
         generate(lm, torch.tensor([1, 2]), 3)
     with pytest.raises(ValueError, match="vocab_size"):
         generate(lm, torch.tensor([[1, V]]), 3)
@@ -130,18 +130,14 @@ def test_clear_errors(lm: CausalLM) -> None:
         generate(lm, prompt(), 2, do_sample=True, generator=0)
 
 
-def test_generation_validates_once_at_the_door(lm: CausalLM, monkeypatch) -> None:
-    """The per-token steps run unchecked: no layer re-validates its input."""
-    from attention_lib import MultiHeadAttention
-
-    def fail(*args: object, **kwargs: object) -> None:
-        raise AssertionError("an inner module re-validated its input")
-
-    monkeypatch.setattr(MultiHeadAttention, "_check_inputs", fail)
-    monkeypatch.setattr(CausalLM, "_check_tokens", fail)
-    with pytest.raises(AssertionError):  # the door itself still checks
-        generate(lm, prompt(), 2)
-    monkeypatch.undo()
-    monkeypatch.setattr(MultiHeadAttention, "_check_inputs", fail)
-    assert generate(lm, prompt(), 4).shape == (3, 9)
-    assert generate(lm, prompt(), 4, use_cache=False).shape == (3, 9)
+def test_every_step_is_a_public_call_of_the_model(lm: CausalLM) -> None:
+    """Each step calls the model as a user would (no private entry, no global flag):
+    a forward hook sees the prompt, then one new token per step."""
+    lengths = []
+    hook = lm.register_forward_hook(lambda module, args, output: lengths.append(args[0].shape))
+    try:
+        assert generate(lm, prompt(), 4).shape == (3, 9)
+        assert generate(lm, prompt(), 2, use_cache=False).shape == (3, 7)
+    finally:
+        hook.remove()
+    assert lengths == [(3, 5), (3, 1), (3, 1), (3, 1), (3, 5), (3, 6)]
