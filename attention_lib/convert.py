@@ -175,7 +175,7 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
         "attention logit soft-capping (attn_logit_softcapping)": getattr(
             module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
         ),
-        "a RoPE other than the default (rope_parameters)": None if default_rope else rope,
+        "a RoPE other than the default (rope_parameters)": uses_rope and not default_rope and rope,
         "a rotation other than RoPE's (its apply_rotary_pos_emb)": uses_rope and layout is None,
         "a bias in some projections only (not all four or none)": 0 < len(biased) < 4 and biased,
         "a head_dim other than hidden_size // num_attention_heads": head_dim * heads != d_model
