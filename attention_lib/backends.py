@@ -91,24 +91,44 @@ def torch_backend(
     ``keep`` is already bool (``F.scaled_dot_product_attention`` would read a
     float mask as an *additive bias*). A plain top-left causal mask is passed as
     ``is_causal=True``; any other (an offset after a cache, a window, or a mask
-    besides) is combined into one bool mask. Grouped key/value heads are
-    expanded to the query heads (a copy of K and V, never of the scores: 4-D
-    inputs keep PyTorch on its fused kernels).
+    besides) is combined into one bool mask. Grouped key/value heads stay
+    4-D and are read with ``enable_gqa=True``: PyTorch's fused kernels then
+    share each key/value head among its query heads without a copy (5-D
+    inputs would send it to a slow path that builds the scores, N^2 memory).
     """
     fast_causal = causal == Causal() and keep is None
     if not fast_causal:
         keep = with_causal(keep, q.shape[-2], k.shape[-2], causal, q.device)
-    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, H, Lk, d_k)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=keep, dropout_p=dropout_p, is_causal=fast_causal, scale=scale
+        q,
+        k,
+        v,
+        attn_mask=keep,
+        dropout_p=dropout_p,
+        is_causal=fast_causal,
+        scale=scale,
+        enable_gqa=k.shape[1] != q.shape[1],
     )  # (B, H, Lq, d_k)
 
 
 def tiled_backend(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, **kwargs) -> Tensor:
-    """The ``"tiled"`` backend: :func:`~attention_lib.tiled.tiled_core` (chapter 8)
-    on key/value heads expanded to the query heads."""
-    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, H, Lk, d_k)
-    return tiled_core(q, k, v, keep, **kwargs)  # (B, H, Lq, d_k)
+    """The ``"tiled"`` backend: :func:`~attention_lib.tiled.tiled_core` (chapter 8).
+
+    With grouped heads, the ``G`` query heads of each group are attended one
+    after the other against their shared key/value heads, so K and V are
+    never copied (gradients reach them through each call)."""
+    kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
+    if group == 1:
+        return tiled_core(q, k, v, keep, **kwargs)  # (B, H, Lq, d_k)
+    q = q.unflatten(1, (kv_heads, group))  # (B, H_kv, G, Lq, d_k)
+    per_head = keep is not None and keep.dim() == 4 and keep.shape[1] > 1
+    if per_head:
+        keep = keep.unflatten(1, (kv_heads, group))  # (B, H_kv, G, Lq, Lk)
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])  # (B, H_kv, G, Lq, d_v)
+    for g in range(group):  # query heads g, G + g, 2G + g, ... read K/V heads 0, 1, 2, ...
+        keep_g = keep[:, :, g] if per_head else keep  # (B, H_kv, Lq, Lk) or broadcastable
+        out[:, :, g] = tiled_core(q[:, :, g], k, v, keep_g, **kwargs)  # (B, H_kv, Lq, d_v)
+    return out.flatten(1, 2)  # (B, H, Lq, d_v)
 
 
 #: The attention backends of :class:`~attention_lib.MultiHeadAttention`, by name.
