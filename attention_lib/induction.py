@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .validation import check_int, check_integer_tensor
+from .validation import check_generator, check_int, check_integer_tensor, check_same
 
 
 def make_induction_data(
@@ -64,13 +64,9 @@ def make_induction_data(
     if max_period is None:
         max_period = max(min_period, min(vocab_size, seq_len // 2))
     max_period = check_int("max_period", max_period, minimum=min_period)
-    if max_period > vocab_size:
-        raise ValueError(
-            f"max_period must be <= vocab_size={vocab_size} (a pattern's tokens are "
-            f"distinct), got {max_period}"
-        )
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if max_period > vocab_size:  # a pattern's tokens are distinct
+        raise ValueError(f"max_period must be <= vocab_size={vocab_size}, got {max_period}")
+    check_generator(generator)
     device = generator.device
     periods = torch.randint(
         min_period, max_period + 1, (num_sequences,), generator=generator, device=device
@@ -124,18 +120,11 @@ def predictable_accuracy(
     """
     for name, t in (("inputs", inputs), ("targets", targets)):
         check_integer_tensor(name, t)
-        if t.dim() != 2:
-            raise ValueError(f"{name} must have shape (N, L), got {tuple(t.shape)}")
-    if inputs.shape != targets.shape:
-        raise ValueError(
-            f"inputs and targets must have one shape, got {tuple(inputs.shape)} "
-            f"and {tuple(targets.shape)}"
-        )
+    if inputs.dim() != 2:
+        raise ValueError(f"inputs must have shape (N, L), got {tuple(inputs.shape)}")
+    check_same("shape", inputs=tuple(inputs.shape), targets=tuple(targets.shape))
     predictable = predictable_positions(periods, inputs.shape[1])  # (N, L)
-    if predictable.shape != inputs.shape:
-        raise ValueError(
-            f"periods must have shape (N,) = ({inputs.shape[0]},), got {tuple(periods.shape)}"
-        )
+    check_same("length N", inputs=len(inputs), periods=len(periods))
     was_training = model.training
     model.eval()
     try:

@@ -83,7 +83,7 @@ def test_bad_arguments() -> None:
     model = CausalLM(5, 8, 2, 1, 6)
     with pytest.raises(ValueError, match="periods"):
         predictable_accuracy(model, x, y, periods[:2])
-    with pytest.raises(ValueError, match="one shape"):
+    with pytest.raises(ValueError, match="same shape"):
         predictable_accuracy(model, x, y[:, :3], periods)
     with pytest.raises(TypeError, match="integer"):
         predictable_positions(periods.float(), 6)
