@@ -23,8 +23,8 @@ from .validation import (
     check_int,
     check_mask,
     check_positions,
+    check_real,
     check_same,
-    check_scale,
     check_tensor,
 )
 
@@ -161,7 +161,7 @@ class MultiHeadAttention(nn.Module):
             rope_base = check_base(rope_base)
             check_d_head(self.d_k, name="d_k = d_model // num_heads (with rope_base)")
         self.rope_base = rope_base
-        self.scale = check_scale(scale)
+        self.scale = None if scale is None else check_real("scale", scale, above=0)
         self.window = None if window is None else check_int("window", window, minimum=1)
         self.dropout = check_dropout_p(dropout, name="dropout")
         self.backend = backend  # checked by the property's setter

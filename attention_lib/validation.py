@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+_OPS = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}
+
 
 def _got(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
@@ -42,34 +44,11 @@ def check_tensor(name: str, t: object, *, min_dim: int = 2) -> Tensor:
 
 
 def check_same(what: str, **values: object) -> None:
-    """Every value must be equal (e.g. the dtypes of query, key and value)."""
+    """Every value must be equal (a ``TypeError`` for dtypes, else a ``ValueError``)."""
     if len(set(values.values())) > 1:
+        names, given = " and ".join(values), ", ".join(f"{n} {v}" for n, v in values.items())
         kind = TypeError if what == "dtype" else ValueError
-        given = ", ".join(f"{name} {value}" for name, value in values.items())
-        names = " and ".join(values).replace(" and ", ", ", len(values) - 2)
         raise kind(f"{names} must have the same {what}, got {given}")
-
-
-def check_qkv(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, ...]:
-    """Validate query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, value ``(..., Lk, d_v)``.
-
-    Checks type, dtype, device, the shared ``d_k >= 1``, the shared ``Lk`` and
-    that the leading (batch/head) dims broadcast; returns the broadcast dims.
-    """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, t)
-    check_same("dtype", query=query.dtype, key=key.dtype, value=value.dtype)
-    check_same("device", query=query.device, key=key.device, value=value.device)
-    if query.shape[-1] == 0:
-        raise ValueError(f"query must have d_k >= 1 features, got shape {tuple(query.shape)}")
-    check_same("d_k (last dim)", query=query.shape[-1], key=key.shape[-1])
-    check_same("length Lk (dim -2)", key=key.shape[-2], value=value.shape[-2])
-    return check_broadcast(
-        "the leading dims of query, key and value",
-        query.shape[:-2],
-        key.shape[:-2],
-        value.shape[:-2],
-    )
 
 
 def check_broadcast(name: str, *shapes: Sequence[int], target: Sequence[int] | None = None):
@@ -93,13 +72,22 @@ def check_attention_args(
     scale: float | None,
     is_causal: bool,
 ) -> tuple[int, ...]:
-    """:func:`check_qkv`, then ``dropout_p``, ``scale`` and ``is_causal``; returns the
-    broadcast leading dims ``...`` of query, key and value."""
-    batch_shape = check_qkv(query, key, value)
-    check_dropout_p(dropout_p)
-    check_scale(scale)
+    """Query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, value ``(..., Lk, d_v)`` of one
+    dtype and device, ``d_k >= 1``, leading dims that broadcast, then ``dropout_p``,
+    ``scale`` and ``is_causal``. Returns the broadcast leading dims ``...``."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, t)
+    check_same("dtype", query=query.dtype, key=key.dtype, value=value.dtype)
+    check_same("device", query=query.device, key=key.device, value=value.device)
+    check_int("d_k (query.shape[-1])", query.shape[-1], minimum=1)
+    check_same("d_k (last dim)", query=query.shape[-1], key=key.shape[-1])
+    check_same("length Lk (dim -2)", key=key.shape[-2], value=value.shape[-2])
+    check_real("dropout_p", dropout_p, at_least=0, below=1)
     check_bool("is_causal", is_causal)
-    return batch_shape
+    if scale is not None:
+        check_real("scale", scale, above=0)
+    shapes = (query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    return check_broadcast("the leading dims of query, key and value", *shapes)
 
 
 def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
@@ -120,47 +108,18 @@ def check_int(name: str, value: object, *, minimum: int) -> int:
     return int(value)
 
 
-def check_real(
-    name: str,
-    value: object,
-    *,
-    above: float | None = None,
-    at_least: float | None = None,
-    below: float | None = None,
-    at_most: float | None = None,
-) -> float:
+def check_real(name: str, value: object, **bounds: float) -> float:
     """``value`` must be a finite real number (Python or NumPy, not bool) within the
-    bounds; returns it as a float. The message names the range, e.g. "a finite
-    float > 0" or "a float in [0, 1)"."""
-    bounds = {">": above, ">=": at_least, "<": below, "<=": at_most}
-    bounds = {op: b for op, b in bounds.items() if b is not None}
-    if len(bounds) == 2:  # an interval, e.g. "a float in [0, 1)"
-        (low_op, low), (high_op, high) = bounds.items()
-        expected = f"a float in {'(['[low_op == '>=']}{low:g}, {high:g}{')]'[high_op == '<=']}"
-    else:
-        expected = " ".join(["a finite float", *(f"{op} {b:g}" for op, b in bounds.items())])
+    ``bounds`` (``above``, ``at_least``, ``below``, ``at_most``); returns it as a
+    float. The message names the range, e.g. "a finite float > 0, < 1"."""
+    ops = dict(zip(("above", "at_least", "below", "at_most"), _OPS))
+    expected = "a finite float " + ", ".join(f"{ops[k]} {b:g}" for k, b in bounds.items())
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {expected}, got {_got(value)}")
     x = float(value)
-    tests = {">": x.__gt__, ">=": x.__ge__, "<": x.__lt__, "<=": x.__le__}
-    if not math.isfinite(x) or not all(tests[op](b) for op, b in bounds.items()):
+    if not (math.isfinite(x) and all(_OPS[ops[k]](x, float(b)) for k, b in bounds.items())):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return x
-
-
-def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
-    """``dropout_p`` must be a real number in [0, 1); returns it as a float."""
-    return check_real(name, dropout_p, at_least=0, below=1)
-
-
-def check_scale(scale: object) -> float | None:
-    """``scale`` must be ``None`` or a finite real number > 0; returns it as a float."""
-    return None if scale is None else check_real("scale", scale, above=0)
-
-
-def check_base(base: object) -> float:
-    """A RoPE or sinusoid ``base`` must be a finite real number > 1."""
-    return check_real("base", base, above=1)
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -178,12 +137,6 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
         raise kind(f"{name} must be one of {tuple(choices)}, got {_got(value)}")
 
 
-def check_generator(generator: object, *, optional: bool = False) -> None:
-    """``generator`` must be a ``torch.Generator`` (or ``None`` if ``optional``)."""
-    if not (optional and generator is None):
-        check_instance("generator", generator, torch.Generator, "a torch.Generator")
-
-
 def check_mask(
     mask: object, target_shape: Sequence[int], *, device: torch.device | None = None
 ) -> Tensor:
@@ -197,29 +150,16 @@ def check_mask(
     if mask.is_complex():
         raise TypeError(f"mask must be a bool or 0/1 keep-mask, got dtype {mask.dtype}")
     if mask.requires_grad:
-        raise ValueError(
-            "mask requires grad, but a keep-mask never gets a gradient: pass mask.detach()"
-        )
-    if device is not None:
-        check_same("device", mask=mask.device, query=device)
+        raise ValueError("mask requires grad, but a keep-mask never gets a gradient: detach it")
+    check_same("device", mask=mask.device, query=device or mask.device)
     check_broadcast("mask (..., Lq, Lk)", mask.shape, target=target_shape)
-    if mask.dtype == torch.bool:
-        return mask
-    if not bool(((mask == 0) | (mask == 1)).all()):
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(
             f"mask is a keep-mask: bool or 0/1 values (0 = masked), got dtype {mask.dtype} with "
             "other values (F.scaled_dot_product_attention reads a float mask as an additive "
             "bias; convert such a bias with `bias == 0`)"
         )
-    return mask != 0
-
-
-def check_positions(positions: object, shape: Sequence[int], device: torch.device) -> Tensor:
-    """Integer ``positions`` on ``device`` that broadcast to ``shape`` (e.g. ``(..., L)``)."""
-    positions = check_integer_tensor("positions", positions)
-    check_same("device", positions=positions.device, x=device)
-    check_broadcast("positions", positions.shape, target=shape)
-    return positions
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def check_token_ids(tokens: object, vocab_size: int, *, name: str = "tokens") -> Tensor:
@@ -228,8 +168,28 @@ def check_token_ids(tokens: object, vocab_size: int, *, name: str = "tokens") ->
     if tokens.dim() != 2:
         raise ValueError(f"{name} must have shape (B, L), got shape {tuple(tokens.shape)}")
     if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab_size:
-        raise ValueError(
-            f"{name} must hold ids in [0, vocab_size={vocab_size}), got values in "
-            f"[{int(tokens.min())}, {int(tokens.max())}]"
-        )
+        raise ValueError(f"{name} must hold ids in [0, vocab_size={vocab_size}), got {tokens}")
     return tokens
+
+
+def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
+    """A dropout probability: a real number in ``[0, 1)``."""
+    return check_real(name, dropout_p, at_least=0, below=1)
+
+
+def check_base(base: object) -> float:
+    """A RoPE or sinusoid ``base``: a finite real number ``> 1``."""
+    return check_real("base", base, above=1)
+
+
+def check_generator(generator: object, *, optional: bool = False) -> None:
+    """``generator`` must be a ``torch.Generator`` (or ``None`` if ``optional``)."""
+    if not (optional and generator is None):
+        check_instance("generator", generator, torch.Generator, "a torch.Generator")
+
+
+def check_positions(positions: object, shape: Sequence[int], device: torch.device) -> Tensor:
+    """Integer ``positions`` on ``device`` that broadcast to ``shape`` (e.g. ``(..., L)``)."""
+    check_same("device", positions=check_integer_tensor("positions", positions).device, x=device)
+    check_broadcast("positions", positions.shape, target=shape)
+    return positions
