@@ -31,7 +31,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .masks import Causal
-from .validation import check_attention_args, check_dropout_p, check_int, check_mask, check_tensor
+from .validation import (
+    check_attention_args,
+    check_dropout_p,
+    check_instance,
+    check_int,
+    check_mask,
+    check_tensor,
+)
 
 #: Default ``(block_q, block_k)`` of :func:`tiled_attention`: a ``(B*H, 256, 256)``
 #: float32 score tile is 2 MiB for 8 heads, small enough to stay in the CPU's
@@ -153,7 +160,15 @@ def online_softmax_update(
         - scores: ``(..., Lq, block_k)``
         - value: ``(..., block_k, d_v)``
     """
-    _check_update(state, scores, value)
+    check_instance("state", state, OnlineSoftmaxState, "an OnlineSoftmaxState (see .empty)")
+    check_tensor("scores", scores), check_tensor("value", value)
+    acc, q_rows = tuple(state.acc.shape), tuple(state.acc.shape[:-1])
+    shapes = [tuple(t.shape) for t in (state.row_max, state.row_sum, scores, value)]
+    want = [(*q_rows, 1), (*q_rows, 1), (*q_rows, value.shape[-2]), (*acc[:-2], *value.shape[-2:])]
+    if shapes != want or value.shape[-1] != acc[-1]:
+        raise ValueError(
+            f"state, scores, value must fit together: {want} for acc {acc}, got {shapes}"
+        )
     dropout_p = check_dropout_p(dropout_p)
     return _update(state, scores, value, base2=base2, dropout_p=dropout_p, inplace=inplace)
 
@@ -183,10 +198,7 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
         TypeError: if ``x`` is not a floating tensor or ``block_size`` not an int.
         ValueError: if ``block_size < 1`` or ``dim`` is out of range.
     """
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point torch.Tensor, got {_type_name(x)}")
-    if x.dim() == 0:
-        raise ValueError("x must have at least 1 dim, got a 0-dim tensor")
+    check_tensor("x", x, min_dim=1)
     if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim() - 1}], got {dim!r}")
     block_size = check_int("block_size", block_size, minimum=1)
@@ -296,10 +308,8 @@ def tiled_attention(
         query, key, value, dropout_p=dropout_p, scale=scale, is_causal=is_causal
     )  # the broadcast leading dims "..."
     block_size = check_block_size(block_size)
-    if window is not None:
-        check_int("window", window, minimum=1)
-        if not is_causal:
-            raise ValueError(f"window={window} needs is_causal=True (a causal sliding window)")
+    if window is not None and check_int("window", window, minimum=1) and not is_causal:
+        raise ValueError(f"window={window} needs is_causal=True (a causal sliding window)")
     q_len, k_len = query.shape[-2], key.shape[-2]
     keep = (
         None
@@ -633,42 +643,9 @@ class _TiledAttention(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def _check_update(state: object, scores: object, value: object) -> None:
-    """Shapes of one online-softmax step must fit together (see online_softmax_update)."""
-    if not isinstance(state, OnlineSoftmaxState):
-        raise TypeError(
-            "state must be an OnlineSoftmaxState (start with OnlineSoftmaxState.empty), "
-            f"got {type(state).__name__}"
-        )
-    check_tensor("scores", scores)
-    check_tensor("value", value)
-    acc_shape, scores_shape, value_shape = (
-        tuple(state.acc.shape),
-        tuple(scores.shape),
-        tuple(value.shape),
-    )
-    expected_scores = (*acc_shape[:-1], value_shape[-2])
-    if (
-        scores_shape != expected_scores
-        or value_shape != (*acc_shape[:-2], value_shape[-2], acc_shape[-1])
-        or tuple(state.row_max.shape) != (*acc_shape[:-1], 1)
-        or tuple(state.row_sum.shape) != (*acc_shape[:-1], 1)
-    ):
-        raise ValueError(
-            "state (row_max/row_sum (..., Lq, 1), acc (..., Lq, d_v)), scores (..., Lq, "
-            "block_k) and value (..., block_k, d_v) must fit together, got row_max "
-            f"{tuple(state.row_max.shape)}, row_sum {tuple(state.row_sum.shape)}, acc "
-            f"{acc_shape}, scores {scores_shape}, value {value_shape}"
-        )
-
-
-def _type_name(x: object) -> str:
-    return f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
-
-
 def check_block_size(block_size: object) -> tuple[int, int]:
     """``block_size`` is an int ``>= 1`` or a pair ``(block_q, block_k)`` of them."""
-    pair = (
-        block_size if isinstance(block_size, tuple) and len(block_size) == 2 else [block_size] * 2
-    )
-    return tuple(check_int("block_size", size, minimum=1) for size in pair)
+    if not (isinstance(block_size, tuple) and len(block_size) == 2):
+        return (check_int("block_size (an int or a pair)", block_size, minimum=1),) * 2
+    names = ("block_size[0] (block_q)", "block_size[1] (block_k)")
+    return tuple(check_int(name, size, minimum=1) for name, size in zip(names, block_size))

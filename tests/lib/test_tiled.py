@@ -597,7 +597,7 @@ def test_tile_loop_calls_no_public_validation(monkeypatch) -> None:
     online_softmax_update (thousands of shape checks per call); it must check
     the arguments once, at the door."""
     calls = {"update checks": 0, "attention checks": 0}
-    check_update, check_args = tiled_module._check_update, tiled_module.check_attention_args
+    check_update, check_args = tiled_module.check_instance, tiled_module.check_attention_args
 
     def counting_update_check(*args):
         calls["update checks"] += 1
@@ -607,7 +607,7 @@ def test_tile_loop_calls_no_public_validation(monkeypatch) -> None:
         calls["attention checks"] += 1
         return check_args(*args, **kwargs)
 
-    monkeypatch.setattr(tiled_module, "_check_update", counting_update_check)
+    monkeypatch.setattr(tiled_module, "check_instance", counting_update_check)
     monkeypatch.setattr(tiled_module, "check_attention_args", counting_args_check)
     q, k, v = qkv((2,), 40, 40, 4, 4, requires_grad=True)
     out = tiled_attention(q, k, v, torch.ones(40, 40), is_causal=True, block_size=4)  # 55 tiles
