@@ -141,13 +141,11 @@ class CausalLM(nn.Module):
         """
         check_token_ids(tokens, self.vocab_size)
         past = 0 if cache is None else self.check_cache(cache)
-        length = tokens.shape[1]
-        if length == 0 or past + length > self.max_len:  # chapter 10 shows this error
-            raise ValueError(
-                f"tokens must have L >= 1, got shape {tuple(tokens.shape)}"
-                if length == 0
-                else f"{past} cached + {length} new tokens is longer than max_len={self.max_len}"
-            )
+        length, limit = tokens.shape[1], self.max_len
+        if length == 0:
+            raise ValueError(f"tokens must have L >= 1, got shape {tuple(tokens.shape)}")
+        if past + length > limit:  # chapter 10 shows this error
+            raise ValueError(f"{past} cached + {length} new tokens is longer than max_len={limit}")
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
         x = self.embedding(tokens)  # (B, L, d)
         if isinstance(self.position, nn.Embedding):  # learned positions
@@ -181,7 +179,5 @@ class CausalLM(nn.Module):
                 f"model (window={self.window}) still attends to"
             )
         if cache.layers and len(cache.layers) != self.num_layers:
-            raise ValueError(
-                f"cache holds {len(cache.layers)} layers, the model has {self.num_layers}"
-            )
+            raise ValueError(f"cache holds {len(cache.layers)} layers, not {self.num_layers}")
         return cache.position  # each layer's attention checks its own cache

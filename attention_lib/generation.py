@@ -98,10 +98,8 @@ def generate(
     if check_token_ids(prompt, model.vocab_size, name="prompt").numel() == 0:
         raise ValueError(f"prompt must not be empty, got shape {tuple(prompt.shape)}")
     if prompt.shape[1] + max_new_tokens > model.max_len:
-        raise ValueError(
-            f"cannot generate past max_len={model.max_len}: a prompt of {prompt.shape[1]} "
-            f"tokens + max_new_tokens={max_new_tokens}"
-        )
+        total = f"{prompt.shape[1]} + max_new_tokens={max_new_tokens}"
+        raise ValueError(f"cannot generate past max_len={model.max_len}: prompt {total}")
     check_bool("use_cache", use_cache)
     if check_bool("do_sample", do_sample):
         temperature = check_real("temperature", temperature, above=0)

@@ -152,10 +152,8 @@ class MultiHeadAttention(nn.Module):
             "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads, minimum=1
         )
         if d_model % num_heads or num_heads % self.num_kv_heads:
-            raise ValueError(
-                "num_heads must divide d_model and num_kv_heads must divide num_heads, got "
-                f"d_model={d_model}, num_heads={num_heads}, num_kv_heads={self.num_kv_heads}"
-            )
+            sizes = f"d_model={d_model}, num_heads={num_heads}, num_kv_heads={self.num_kv_heads}"
+            raise ValueError(f"num_heads must divide d_model, num_kv_heads num_heads: {sizes}")
         self.d_k = d_model // num_heads
         if rope_base is not None:
             rope_base = check_base(rope_base)
@@ -280,18 +278,13 @@ class MultiHeadAttention(nn.Module):
             kv_cache.check_fits(batch, self.num_kv_heads, self.d_k, weight.dtype, weight.device)
             past = len(kv_cache)
         if mask is not None:
-            if isinstance(mask, Tensor) and mask.dim() not in (2, 4):  # (B, Lq, Lk) would
-                raise ValueError(  # broadcast against (H, Lq, Lk): refuse it
-                    f"mask must be (Lq, Lk), (B, 1 or H, Lq, Lk) or (B, 1, 1, Lk), got "
-                    f"{tuple(mask.shape)} (for a (B, Lq, Lk) mask pass mask[:, None])"
-                )
+            if isinstance(mask, Tensor) and mask.dim() == 3:  # would broadcast against (H, Lq, Lk)
+                raise ValueError("mask must be (Lq, Lk) or (B, 1 or H, Lq, Lk): pass mask[:, None]")
             mask = check_mask(
                 mask, (batch, self.num_heads, q_len, past + k_len), device=weight.device
             )
         if self.window is not None and not is_causal:
-            raise ValueError(
-                f"window={self.window} is a causal sliding window: pass is_causal=True"
-            )
+            raise ValueError(f"window={self.window} is causal: pass is_causal=True")
         if self.rope_base is not None:
             start = 0 if kv_cache is None else kv_cache.position
             if positions is None:
