@@ -28,40 +28,25 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .show.progress import progress_bar
-from .validation import check_int, check_integer_tensor
+from .validation import (
+    check_choice,
+    check_generator,
+    check_int,
+    check_integer_tensor,
+    check_same,
+    check_tensor,
+)
 
 #: Names accepted by :func:`make_task_data`.
 TASKS = ("reverse", "shift", "sort")
 
 
-def _check_task(task: object) -> str:
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    return str(task)
-
-
-def _check_tokens(name: str, tokens: object) -> Tensor:
-    tokens = check_integer_tensor(name, tokens)
-    if tokens.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, L), got shape {tuple(tokens.shape)}")
-    return tokens
-
-
-def _check_inputs_targets(inputs: object, targets: object) -> tuple[Tensor, Tensor]:
-    """``inputs`` and ``targets`` must be integer ``(N, L)`` tensors of one shape."""
-    inputs, targets = _check_tokens("inputs", inputs), _check_tokens("targets", targets)
-    if inputs.shape != targets.shape:
-        raise ValueError(
-            f"inputs and targets must have the same shape, got {tuple(inputs.shape)} "
-            f"and {tuple(targets.shape)}"
-        )
-    return inputs, targets
-
-
-def _check_generator(generator: object) -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return generator
+def _check_sequences(**tensors: object) -> None:
+    """Every tensor must be an integer ``(N, L)`` tensor of token or class ids."""
+    for name, t in tensors.items():
+        check_integer_tensor(name, t)
+        if t.dim() != 2:
+            raise ValueError(f"{name} must have shape (N, L), got shape {tuple(t.shape)}")
 
 
 def make_task_data(
@@ -92,15 +77,16 @@ def make_task_data(
         ``(inputs, targets)``, two ``int64`` tensors of shape ``(N, L)``.
 
     Raises:
-        TypeError: on a non-int size or a ``generator`` that is not a ``torch.Generator``.
+        TypeError: on a non-str ``task``, a non-int size or a ``generator`` that is
+            not a ``torch.Generator``.
         ValueError: on an unknown ``task`` or a size out of range.
     """
-    task = _check_task(task)
+    check_choice("task", task, TASKS)
     num_sequences = check_int("num_sequences", num_sequences, minimum=0)
     seq_len = check_int("seq_len", seq_len, minimum=1)
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
     offset = check_int("offset", offset, minimum=0)
-    _check_generator(generator)
+    check_generator(generator)
     inputs = torch.randint(
         vocab_size, (num_sequences, seq_len), generator=generator, device=generator.device
     )  # (N, L)
@@ -130,20 +116,16 @@ def ideal_key_positions(task: str, seq_len: int, *, offset: int = 1) -> Tensor:
         ``int64`` tensor of shape ``(L,)``.
 
     Raises:
+        TypeError: for a ``task`` that is not a str.
         ValueError: for ``"sort"`` or an unknown task.
     """
-    task = _check_task(task)
+    check_choice("task", task, ("reverse", "shift"))  # "sort" has no fixed ideal position
     seq_len = check_int("seq_len", seq_len, minimum=1)
     offset = check_int("offset", offset, minimum=0)
     positions = torch.arange(seq_len)  # (L,)
     if task == "reverse":
         return seq_len - 1 - positions
-    if task == "shift":
-        return (positions - offset) % seq_len
-    raise ValueError(
-        "task 'sort' has no fixed ideal key position: where the k-th smallest token "
-        "sits depends on the input"
-    )
+    return (positions - offset) % seq_len
 
 
 def ideal_attention_share(weights: Tensor, key_positions: Tensor, *, window: int = 0) -> Tensor:
@@ -172,21 +154,14 @@ def ideal_attention_share(weights: Tensor, key_positions: Tensor, *, window: int
         ValueError: if the shapes do not match, a position is out of range or
             ``window`` is negative.
     """
-    if not isinstance(weights, Tensor) or not weights.is_floating_point():
-        raise TypeError(
-            "weights must be a floating torch.Tensor (..., Lq, Lk), got "
-            f"{getattr(weights, 'dtype', type(weights).__name__)}"
-        )
-    if weights.dim() < 2 or weights.shape[-2] == 0:
-        raise ValueError(
-            f"weights must have shape (..., Lq, Lk) with Lq >= 1, got {tuple(weights.shape)}"
-        )
+    check_tensor("weights", weights)  # floating, (..., Lq, Lk)
     check_integer_tensor("key_positions", key_positions, what=" (Lq,)")
     window = check_int("window", window, minimum=0)
     q_len, k_len = weights.shape[-2:]
+    check_int("Lq (weights.shape[-2])", q_len, minimum=1)
     if key_positions.shape != (q_len,):
         raise ValueError(
-            f"key_positions must have shape (Lq,) = ({q_len},), got {tuple(key_positions.shape)}"
+            f"key_positions must have shape (Lq={q_len},), got {tuple(key_positions.shape)}"
         )
     if int(key_positions.min()) < 0 or int(key_positions.max()) >= k_len:
         raise ValueError(f"key_positions must lie in [0, Lk={k_len}), got {key_positions.tolist()}")
@@ -208,11 +183,8 @@ def count_shared_sequences(a: Tensor, b: Tensor) -> int:
     Returns:
         The number of rows of ``a`` equal to some row of ``b``.
     """
-    a, b = _check_tokens("a", a), _check_tokens("b", b)
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(
-            f"a and b must have the same length L, got shapes {tuple(a.shape)} and {tuple(b.shape)}"
-        )
+    _check_sequences(a=a, b=b)
+    check_same("length L", a=a.shape[1], b=b.shape[1])
     seen = set(map(tuple, b.tolist()))
     return sum(row in seen for row in map(tuple, a.tolist()))
 
@@ -236,7 +208,8 @@ def token_accuracy(
     Returns:
         Token accuracy in ``[0, 1]``.
     """
-    inputs, targets = _check_inputs_targets(inputs, targets)
+    _check_sequences(inputs=inputs, targets=targets)
+    check_same("shape", inputs=tuple(inputs.shape), targets=tuple(targets.shape))
     batch_size = check_int("batch_size", batch_size, minimum=1)
     was_training = model.training
     model.eval()
@@ -311,12 +284,13 @@ def train_token_classifier(
     Returns:
         A :class:`TrainingHistory`. The model is left in ``eval()`` mode.
     """
-    inputs, targets = _check_inputs_targets(inputs, targets)
+    _check_sequences(inputs=inputs, targets=targets)
+    check_same("shape", inputs=tuple(inputs.shape), targets=tuple(targets.shape))
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     eval_every = check_int("eval_every", eval_every, minimum=1)
     log_every = check_int("log_every", log_every, minimum=1)
-    _check_generator(generator)
+    check_generator(generator)
     if len(inputs) == 0:
         raise ValueError("inputs must hold at least one sequence, got 0")
 
