@@ -19,7 +19,7 @@ import numpy
 import torch
 from torch import Tensor
 
-from ..validation import check_bool, check_int, check_real
+from ..validation import check_bool, check_choice, check_instance, check_int, check_real
 from .style import MAX_WIDTH_IN, MIN_FONT_PT, book_style
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
@@ -39,66 +39,67 @@ _TICK_PT = 9.0
 PANEL_MIN_IN = 1.3
 #: Tolerance for weights that overshoot ``[vmin, vmax]`` by float rounding.
 _RANGE_TOL = 1e-4
+#: The hint of the error for weights with too many dims.
+_ONE_MATRIX = " (select one batch element/head first, e.g. weights[0], or use attention_grid)"
 
 
-def _to_numpy(weights: Any, name: str, dims: tuple[int, ...], shape_doc: str) -> numpy.ndarray:
-    """Detach, move to the CPU and convert to a float32 numpy array of an allowed rank."""
-    if isinstance(weights, Tensor):
-        t = weights.detach()
-    elif isinstance(weights, numpy.ndarray):
-        t = torch.from_numpy(weights)
-    else:
-        raise TypeError(
-            f"{name} must be a torch.Tensor or numpy.ndarray of shape {shape_doc}, "
-            f"got {type(weights).__name__}"
-        )
+def _prepare(
+    weights: Any,
+    dims: tuple[int, ...],
+    shape_doc: str,
+    query_tokens: Sequence[Any] | None,
+    key_tokens: Sequence[Any] | None,
+    *,
+    vmin: float,
+    vmax: float,
+    cmap: str,
+    fmt: str,
+    annotate: object,
+    colorbar: object,
+) -> tuple[numpy.ndarray, Colormap, list[str] | None, list[str] | None]:
+    """Check the arguments that attention_heatmap and attention_grid share, before any
+    figure exists; return the weights as a float32 CPU numpy array (detached), the
+    colour map and the query and key labels as strings."""
+    import matplotlib
+
+    t = torch.from_numpy(weights) if isinstance(weights, numpy.ndarray) else weights
+    check_instance("weights", t, Tensor, f"a torch.Tensor or numpy.ndarray of shape {shape_doc}")
     if t.is_complex():
-        raise TypeError(f"{name} must be real-valued, got dtype {t.dtype}")
+        raise TypeError(f"weights must be real-valued, got dtype {t.dtype}")
     if t.dim() not in dims:
-        hint = ""
-        if t.dim() > max(dims):
-            hint = " (select one batch element/head first, e.g. weights[0], or use attention_grid)"
+        hint = _ONE_MATRIX if t.dim() > max(dims) else ""
         raise ValueError(
-            f"{name} must have shape {shape_doc}, got {t.dim()}-D shape {tuple(t.shape)}{hint}"
+            f"weights must have shape {shape_doc}, got {t.dim()}-D {tuple(t.shape)}{hint}"
         )
-    if any(s == 0 for s in t.shape):
-        raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
-    return t.to(device="cpu", dtype=torch.float32).numpy()
-
-
-def _check_range(arr: numpy.ndarray, name: str, vmin: float, vmax: float) -> None:
-    """Values outside the fixed colour scale would be clipped silently: refuse them."""
-    vmin, vmax = check_real("vmin", vmin), check_real("vmax", vmax)
-    if not vmin < vmax:
-        raise ValueError(f"vmin must be < vmax, got vmin={vmin!r}, vmax={vmax!r}")
+    if 0 in t.shape:
+        raise ValueError(f"weights must not be empty, got shape {tuple(t.shape)}")
+    arr = t.detach().to(device="cpu", dtype=torch.float32).numpy()
+    # Values outside the fixed colour scale would be clipped silently: refuse them.
+    vmax = check_real("vmax", vmax)
+    vmin = check_real("vmin", vmin, below=vmax)
     finite = arr[numpy.isfinite(arr)]
-    if finite.size == 0:
-        return
-    lo, hi = float(finite.min()), float(finite.max())
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (vmin, vmax)
     tol = _RANGE_TOL * (vmax - vmin)
     if lo < vmin - tol or hi > vmax + tol:
         raise ValueError(
-            f"{name} has values in [{lo:.4g}, {hi:.4g}], outside the colour scale "
-            f"[vmin={vmin:g}, vmax={vmax:g}]; attention weights lie in [0, 1]. To plot "
-            "other values (e.g. raw scores), pass vmin= and vmax= explicitly"
+            f"weights has values in [{lo:.4g}, {hi:.4g}], outside the colour scale [vmin={vmin:g}, "
+            f"vmax={vmax:g}]; to plot other values (e.g. raw scores), pass vmin= and vmax="
         )
-
-
-def _check_style(cmap: str, fmt: str) -> Colormap:
-    """Validate the colour map name and annotation format before any figure exists."""
-    import matplotlib
-
     for name, value in (("cmap", cmap), ("fmt", fmt)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+        check_instance(name, value, str, "a str")
     if cmap not in matplotlib.colormaps:
         raise ValueError(f"cmap must be a matplotlib colour map name, got {cmap!r}")
     try:
         format(0.5, fmt)
     except ValueError:
         raise ValueError(f"fmt must be a float format spec such as '.2f', got {fmt!r}") from None
+    check_choice("annotate", annotate, (None, True, False))
+    check_bool("colorbar", colorbar)
+    lq, lk = arr.shape[-2:]
+    q_labels = _check_labels(query_tokens, "query_tokens", lq, "query (row of weights)")
+    k_labels = _check_labels(key_tokens, "key_tokens", lk, "key (column of weights)")
     # NaN cells (e.g. a fully masked row of a naive softmax) are drawn light grey.
-    return matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
+    return arr, matplotlib.colormaps[cmap].with_extremes(bad="lightgrey"), q_labels, k_labels
 
 
 def _luminance(rgba: Sequence[float]) -> float:
@@ -120,28 +121,15 @@ def _annotation_fits(fmt: str, cell_in: float) -> bool:
     return cell_in >= (0.6 * chars * MIN_FONT_PT + 4) / 72
 
 
-def _check_flags(annotate: object, colorbar: object) -> None:
-    if annotate is not None:
-        check_bool("annotate", annotate)
-    check_bool("colorbar", colorbar)
-
-
-def _check_labels(
-    labels: Sequence[Any] | None, name: str, length: int, per: str, noun: str = "label"
-) -> list[str] | None:
-    """``None``, or a sequence of ``length`` labels (one ``noun`` per ``per``) as strings."""
-    if labels is None:
+def _check_labels(items: Any, name: str, length: int, per: str) -> list[str] | None:
+    """``None``, or a sequence of ``length`` labels (one per ``per``), as strings."""
+    if items is None:
         return None
-    if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence):
-        raise TypeError(
-            f"{name} must be a sequence of {length} {noun}s (one per {per}), "
-            f"got {type(labels).__name__}"
-        )
-    if len(labels) != length:
-        raise ValueError(
-            f"{name} must have one {noun} per {per}: expected {length} {noun}s, got {len(labels)}"
-        )
-    return [str(t) for t in labels]
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise TypeError(f"{name} must be a sequence of {length} labels, got {type(items).__name__}")
+    if len(items) != length:
+        raise ValueError(f"{name} must have {length} labels (one per {per}), got {len(items)}")
+    return [str(t) for t in items]
 
 
 def _tick_fontsize(labels: list[str] | None, n: int) -> float:
@@ -305,13 +293,20 @@ def attention_heatmap(
         - weights: ``(Lq, Lk)``
         - query_tokens: ``Lq`` labels; key_tokens: ``Lk`` labels.
     """
-    arr = _to_numpy(weights, "weights", (2,), "(Lq, Lk)")  # (Lq, Lk)
+    arr, colours, q_labels, k_labels = _prepare(
+        weights,
+        (2,),
+        "(Lq, Lk)",
+        query_tokens,
+        key_tokens,
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
+        fmt=fmt,
+        annotate=annotate,
+        colorbar=colorbar,
+    )  # (Lq, Lk)
     lq, lk = arr.shape
-    _check_range(arr, "weights", vmin, vmax)
-    colours = _check_style(cmap, fmt)
-    _check_flags(annotate, colorbar)
-    q_labels = _check_labels(query_tokens, "query_tokens", lq, "query (row of weights)")
-    k_labels = _check_labels(key_tokens, "key_tokens", lk, "key (column of weights)")
     if annotate is None:
         annotate = lq <= ANNOTATE_MAX_SIDE and lk <= ANNOTATE_MAX_SIDE
     with book_style():  # dpi and font sizes of the book (attention_lib.show.style)
@@ -444,25 +439,28 @@ def attention_grid(
     Shapes:
         - weights: ``(H, Lq, Lk)`` or ``(layers, H, Lq, Lk)``
     """
-    arr = _to_numpy(weights, "weights", (3, 4), "(H, Lq, Lk) or (layers, H, Lq, Lk)")
-    _check_range(arr, "weights", vmin, vmax)
-    colours = _check_style(cmap, fmt)
-    _check_flags(annotate, colorbar)
+    arr, colours, q_labels, k_labels = _prepare(
+        weights,
+        (3, 4),
+        "(H, Lq, Lk) or (layers, H, Lq, Lk)",
+        query_tokens,
+        key_tokens,
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
+        fmt=fmt,
+        annotate=annotate,
+        colorbar=colorbar,
+    )
     four_d = arr.ndim == 4
-    if not four_d:
-        if row_titles is not None:
-            raise ValueError(
-                "row_titles needs 4-D weights (layers, H, Lq, Lk); for 3-D weights "
-                f"{tuple(arr.shape)} name the heads with col_titles"
-            )
-        arr = arr[None]  # (1, H, Lq, Lk)
+    if not four_d and row_titles is not None:
+        raise ValueError(f"row_titles needs 4-D weights (layers, H, Lq, Lk), got {arr.shape}")
+    arr = arr if four_d else arr[None]  # (layers, H, Lq, Lk)
     n_layers, n_heads, lq, lk = arr.shape
-    q_labels = _check_labels(query_tokens, "query_tokens", lq, "query (dim -2 of weights)")
-    k_labels = _check_labels(key_tokens, "key_tokens", lk, "key (dim -1 of weights)")
-    heads = _check_labels(col_titles, "col_titles", n_heads, "head", "title") or [
+    heads = _check_labels(col_titles, "col_titles", n_heads, "head") or [
         f"head {h}" for h in range(n_heads)
     ]
-    layers = _check_labels(row_titles, "row_titles", n_layers, "layer", "title") or [
+    layers = _check_labels(row_titles, "row_titles", n_layers, "layer") or [
         f"layer {l}" for l in range(n_layers)
     ]
     max_cols = check_int("max_cols", max_cols, minimum=1)
