@@ -346,9 +346,10 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``W_q``, ``W_k``, ``W_v``, then split into heads: ``(B, L, d_model) -> (B, H, L, d_k)``."""
-        if query is key and key is value:
+        if query is key and key is value and query.shape[0] * query.shape[1] >= 16:
             # Self-attention: one matmul with the three weight matrices stacked does
-            # the work of three (chapter 6; nn.MultiheadAttention does the same).
+            # the work of three (chapter 6; nn.MultiheadAttention does the same). For a
+            # few rows (a decode step) stacking costs as much as the matmul: three it is.
             weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 d, d)
             bias = None
             if self.W_q.bias is not None:
