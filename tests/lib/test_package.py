@@ -144,3 +144,27 @@ def test_only_the_package_has_an_all_list():
     exported = attention_lib.__all__
     assert len(exported) == len(set(exported))
     assert all(hasattr(attention_lib, name) for name in exported)
+
+
+def test_no_module_uses_another_modules_private_names():
+    """What several modules share has a public name: no relative import of a private
+    name (or from a private module), and no call into another object's private
+    method (``other._forward(...)``); ``self``/``cls`` may use their own."""
+    import ast
+
+    offences = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                parts = (node.module or "").split(".") + [a.name for a in node.names]
+                offences += [f"{path.name}: import {p}" for p in parts if p.startswith("_")]
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                and not (isinstance(node.value, ast.Name) and node.value.id == "torch")
+            ):
+                offences.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert offences == []
