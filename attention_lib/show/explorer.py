@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..validation import check_int, check_real
+from ..validation import check_instance, check_int, check_real
 from .style import DPI, book_style, smallest_font_pt
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
@@ -97,38 +97,25 @@ def _format_value(value: Any) -> str:
 
 def _normalise_values(values: Any, arg: str, name: str) -> list[Any]:
     """A non-empty list of distinct values; 0-d tensors/arrays become Python scalars."""
-    if isinstance(values, (str, bytes)) or not (
-        isinstance(values, Sequence) or hasattr(values, "tolist")
-    ):
-        raise TypeError(
-            f"{arg} must be a sequence of values for {name!r} (list, tuple, range, "
-            f"1-D array or tensor), got {type(values).__name__}"
-        )
-    if hasattr(values, "tolist") and not isinstance(values, Sequence):
-        if getattr(values, "ndim", 1) != 1:
-            raise ValueError(f"{arg} must be 1-D, got shape {tuple(getattr(values, 'shape', ()))}")
+    array = hasattr(values, "tolist") and not isinstance(values, Sequence)
+    if isinstance(values, (str, bytes)) or not (array or isinstance(values, Sequence)):
+        raise TypeError(f"{arg} must be a sequence or 1-D array, got {type(values).__name__}")
+    if array and getattr(values, "ndim", 1) != 1:
+        raise ValueError(f"{arg} must be 1-D, got shape {tuple(getattr(values, 'shape', ()))}")
+    if array:
         items = list(values.tolist())
     else:
         items = [
             v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v for v in values
         ]
-    if not items:
-        raise ValueError(f"{arg} must contain at least one value for {name!r}, got none")
     labels = [_format_value(v) for v in items]
-    if len(set(labels)) != len(labels):
-        dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
-        raise ValueError(
-            f"{arg} must be distinct values for {name!r}; these appear more than once "
-            f"(as shown on the slider): {dupes}"
-        )
+    if not labels or len(set(labels)) < len(labels):
+        raise ValueError(f"{arg} must be one or more distinct values for {name!r}, got {labels}")
     return items
 
 
 def _check_name(name: Any, arg: str) -> str:
-    if not isinstance(name, str):
-        raise TypeError(
-            f"{arg} must be a non-empty str (the parameter's name), got {type(name).__name__}"
-        )
+    check_instance(arg, name, str, "a non-empty str (the parameter's name)")
     if not name.strip():
         raise ValueError(f"{arg} must be a non-empty str (the parameter's name), got {name!r}")
     return name
@@ -145,9 +132,7 @@ def _as_figure(obj: Any, call: str) -> Figure:
         except TypeError:
             obj = obj.get_figure()
     if not isinstance(obj, Figure):
-        raise TypeError(
-            f"draw must return a matplotlib Figure (or Axes); {call} returned {type(obj).__name__}"
-        )
+        raise TypeError(f"draw must return a Figure or Axes; {call} returned {type(obj).__name__}")
     return obj
 
 
@@ -170,9 +155,7 @@ def _add_colorbar(fig: Figure, label: str, call: str) -> None:
         m for ax in fig.axes for m in [*ax.images, *ax.collections] if m.get_array() is not None
     ]
     if not mappables:
-        raise ValueError(
-            f"colorbar={label!r} needs a colour-mapped image in the figure; {call} drew none"
-        )
+        raise ValueError(f"colorbar={label!r} needs a colour-mapped image; {call} drew none")
     fig.colorbar(mappables[0], ax=fig.axes, label=label, shrink=0.9)
 
 
@@ -249,27 +232,18 @@ class SliderExplorer:
         all_values = [_normalise_values(values, "values", name)]
         if (name2 is None) != (values2 is None):
             raise ValueError(
-                "name2 and values2 go together: give both for a second slider or "
-                f"neither, got name2={name2!r} and values2={'None' if values2 is None else '...'}"
+                f"name2 and values2 go together, got only {'values2' if name2 is None else 'name2'}"
             )
         if name2 is not None:
             names.append(_check_name(name2, "name2"))
             if name2 == name:
                 raise ValueError(f"name2 must differ from name, both are {name!r}")
             all_values.append(_normalise_values(values2, "values2", name2))
-        if not callable(draw):
-            raise TypeError(f"draw must be callable, got {type(draw).__name__}")
-        if label is not None and not callable(label):
-            raise TypeError(
-                f"label must be callable (values -> str) or None, got {type(label).__name__}"
-            )
-        if colorbar is not None and not isinstance(colorbar, str):
-            raise TypeError(
-                f"colorbar must be a str (the colour bar's label) or None, got "
-                f"{type(colorbar).__name__}"
-            )
-        if start2 is not None and name2 is None:
+        elif start2 is not None:
             raise ValueError("start2 needs a second slider (name2 and values2)")
+        check_instance("draw", draw, Callable, "callable")
+        check_instance("label", label, (Callable, type(None)), "callable (values -> str) or None")
+        check_instance("colorbar", colorbar, (str, type(None)), "a str (the bar's label) or None")
         max_frames = check_int("max_frames", max_frames, minimum=1)
         max_html_bytes = check_int("max_html_bytes", max_html_bytes, minimum=1)
         dpi = check_real("dpi", dpi, at_least=10, at_most=300)
@@ -288,13 +262,8 @@ class SliderExplorer:
         n_frames = 1
         for n in self._shape:
             n_frames *= n
-        if n_frames > max_frames:
-            counts = " x ".join(f"{n} values of {nm!r}" for n, nm in zip(self._shape, names))
-            raise ValueError(
-                f"explore: {n_frames} frames requested ({counts}) exceed the frame budget "
-                f"max_frames={max_frames}; use fewer values or raise max_frames (every "
-                "frame is a PNG inside the page)"
-            )
+        if n_frames > max_frames:  # every frame is a PNG inside the page
+            raise ValueError(f"{n_frames} frames exceed max_frames={max_frames}")
 
         self.frame_labels: list[str] = [self._label(idx) for idx in self._indices()]
         rendered = [self._render(idx, measure=True) for idx in self._indices()]
@@ -305,13 +274,8 @@ class SliderExplorer:
         )
         self._html = self._build_html()
         size = len(self._html.encode("utf-8"))
-        if size > max_html_bytes:
-            raise ValueError(
-                f"explore: the kernel-free slider would be {size:,} bytes of HTML for "
-                f"{n_frames} frames, over the budget max_html_bytes={max_html_bytes:,}; "
-                "use fewer values, a smaller figure or a lower dpi (now "
-                f"{dpi}), or raise max_html_bytes"
-            )
+        if size > max_html_bytes:  # fewer values, a smaller figure or a lower dpi help
+            raise ValueError(f"{size:,} bytes of HTML exceed max_html_bytes={max_html_bytes:,}")
         self.redraw_count = 0
         self.last_redraw_seconds: float | None = None
         self._widget: ipywidgets.VBox | None = None
@@ -332,10 +296,7 @@ class SliderExplorer:
             return ", ".join(f"{nm} = {_format_value(v)}" for nm, v in zip(self.names, args))
         text = self._label_fn(*args)
         if not isinstance(text, str) or not text.strip():
-            raise TypeError(
-                f"label must return a non-empty str; label"
-                f"({', '.join(repr(a) for a in args)}) returned {text!r}"
-            )
+            raise TypeError(f"label must return a non-empty str, got {text!r} for values {args}")
         return text
 
     def _render(self, idx: tuple[int, ...], measure: bool = False) -> tuple[bytes, float | None]:
