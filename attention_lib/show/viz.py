@@ -46,7 +46,7 @@ _ONE_MATRIX = " (select one batch element/head first, e.g. weights[0], or use at
 def _prepare(
     weights: Any,
     dims: tuple[int, ...],
-    shape_doc: str,
+    shape: str,
     query_tokens: Sequence[Any] | None,
     key_tokens: Sequence[Any] | None,
     *,
@@ -63,14 +63,12 @@ def _prepare(
     import matplotlib
 
     t = torch.from_numpy(weights) if isinstance(weights, numpy.ndarray) else weights
-    check_instance("weights", t, Tensor, f"a torch.Tensor or numpy.ndarray of shape {shape_doc}")
+    check_instance("weights", t, Tensor, f"a torch.Tensor or numpy.ndarray of shape {shape}")
     if t.is_complex():
         raise TypeError(f"weights must be real-valued, got dtype {t.dtype}")
     if t.dim() not in dims:
         hint = _ONE_MATRIX if t.dim() > max(dims) else ""
-        raise ValueError(
-            f"weights must have shape {shape_doc}, got {t.dim()}-D {tuple(t.shape)}{hint}"
-        )
+        raise ValueError(f"weights must have shape {shape}, got {t.dim()}-D {tuple(t.shape)}{hint}")
     if 0 in t.shape:
         raise ValueError(f"weights must not be empty, got shape {tuple(t.shape)}")
     arr = t.detach().to(device="cpu", dtype=torch.float32).numpy()
