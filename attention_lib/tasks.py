@@ -159,10 +159,8 @@ def ideal_attention_share(weights: Tensor, key_positions: Tensor, *, window: int
     window = check_int("window", window, minimum=0)
     q_len, k_len = weights.shape[-2:]
     check_int("Lq (weights.shape[-2])", q_len, minimum=1)
-    if key_positions.shape != (q_len,):
-        raise ValueError(
-            f"key_positions must have shape (Lq={q_len},), got {tuple(key_positions.shape)}"
-        )
+    if key_positions.shape != (q_len,):  # one key per query
+        raise ValueError(f"key_positions must have shape ({q_len},), got {key_positions.shape}")
     if int(key_positions.min()) < 0 or int(key_positions.max()) >= k_len:
         raise ValueError(f"key_positions must lie in [0, Lk={k_len}), got {key_positions.tolist()}")
     keys = torch.arange(k_len, device=weights.device)  # (Lk,)
