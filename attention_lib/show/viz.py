@@ -126,7 +126,7 @@ def _check_labels(items: Any, name: str, length: int, per: str) -> list[str] | N
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
         raise TypeError(f"{name} must be a sequence of {length} labels, got {type(items).__name__}")
     if len(items) != length:
-        raise ValueError(f"{name} must have {length} labels (one per {per}), got {len(items)}")
+        raise ValueError(f"{name} must have {length} labels, one per {per}, got {len(items)}")
     return [str(t) for t in items]
 
 
