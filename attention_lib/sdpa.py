@@ -128,7 +128,7 @@ def attend(
     dropout_p: float,
     scale: float | None,
 ) -> tuple[Tensor, Tensor]:
-    """The core of :func:`scaled_dot_product_attention`, without checks.
+    """The core of :func:`~attention_lib.scaled_dot_product_attention`, without checks.
 
     ``keep`` is a bool keep-mask or ``None`` and ``causal`` a
     :class:`~attention_lib.masks.Causal` or ``None``, prepared by the entry

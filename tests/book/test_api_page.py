@@ -26,11 +26,22 @@ DIRECTIVE = re.compile(
 )
 
 # Documented in their submodule, which the page says, and deliberately not exported
-# from the package: the backends' registry (to add a backend) and the default tile size.
+# from the package: the backends' registry (to add a backend) and their shared pieces,
+# the converters (reached as MultiHeadAttention.from_torch/from_hf_llama), the
+# functional core that the entry points call, and the default tile size.
 SUBMODULE_ONLY = {
     "attention_lib.backends.BACKENDS",
     "attention_lib.backends.lib_backend",
     "attention_lib.backends.torch_backend",
+    "attention_lib.backends.tiled_backend",
+    "attention_lib.backends.lib_attention",
+    "attention_lib.backends.expand_kv",
+    "attention_lib.convert.from_torch",
+    "attention_lib.convert.from_hf_llama",
+    "attention_lib.masks.Causal",
+    "attention_lib.masks.with_causal",
+    "attention_lib.sdpa.attend",
+    "attention_lib.tiled.tiled_core",
     "attention_lib.tiled.DEFAULT_BLOCK_SIZE",
 }
 
