@@ -174,10 +174,7 @@ class CausalLM(nn.Module):
         """
         check_instance("cache", cache, KVCache, "a KVCache or None")
         if cache.window is not None and (self.window is None or cache.window < self.window):
-            raise ValueError(
-                f"a rolling cache of window={cache.window} would drop keys that this "
-                f"model (window={self.window}) still attends to"
-            )
+            raise ValueError(f"cache window={cache.window} < the model's window={self.window}")
         if cache.layers and len(cache.layers) != self.num_layers:
             raise ValueError(f"cache holds {len(cache.layers)} layers, not {self.num_layers}")
         return cache.position  # each layer's attention checks its own cache

@@ -147,14 +147,11 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
         ValueError: if it computes something this class does not (the
             message names every such feature).
     """
-    config = getattr(module, "config", None)
-    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in _PROJECTIONS) or not all(
-        hasattr(config, field) for field in _CONFIG_FIELDS
-    ):
-        raise TypeError(
-            "module must be a transformers LlamaAttention (nn.Linear q_proj, k_proj, v_proj, "
-            f"o_proj and a config like LlamaConfig), got {type(module).__name__}"
-        )
+    config, name = getattr(module, "config", None), type(module).__name__
+    layer = all(isinstance(getattr(module, n, None), nn.Linear) for n in _PROJECTIONS)
+    if not layer or not all(hasattr(config, field) for field in _CONFIG_FIELDS):
+        what = "a transformers attention layer like LlamaAttention (q/k/v/o_proj, a config)"
+        raise TypeError(f"module must be {what}, got {name}")
     heads, d_model = config.num_attention_heads, config.hidden_size
     head_dim = module.q_proj.out_features // heads
     rope = config.rope_parameters or {}
@@ -188,10 +185,7 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
         f"{feature}: {has!r}" for feature, has in refused.items() if has not in (None, False, [])
     ]
     if found:
-        raise ValueError(
-            f"cannot convert {type(module).__name__}: MultiHeadAttention does not compute "
-            + "; ".join(found)
-        )
+        raise ValueError(f"cannot convert {name}, which has {'; '.join(found)}")
     scaling = float(getattr(module, "scaling", head_dim**-0.5))
     weight = module.q_proj.weight
     ours = MultiHeadAttention(

@@ -128,9 +128,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 512, *, base: float = 10000.0) -> None:
         super().__init__()
-        self.d_model = check_int("d_model", d_model, minimum=1)
-        self.max_len = check_int("max_len", max_len, minimum=1)
         pe = sinusoidal_positional_encoding(max_len, d_model, base=base)  # (max_len, d)
+        self.d_model, self.max_len = d_model, max_len
         self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -236,9 +235,8 @@ class EncoderLayer(nn.Module):
         window: int | None = None,
     ) -> None:
         super().__init__()
-        d_ff = 4 * d_model if d_ff is None else d_ff
-        dropout = check_dropout_p(dropout, name="dropout")
         self.d_model = check_int("d_model", d_model, minimum=1)
+        d_ff = 4 * d_model if d_ff is None else d_ff
         self.norm1 = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(
             d_model,
@@ -344,7 +342,7 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         check_int("num_layers", num_layers, minimum=1)
-        self.d_model = check_int("d_model", d_model, minimum=1)
+        self.d_model = d_model  # checked by the layers
         self.layers = nn.ModuleList(
             EncoderLayer(
                 d_model,

@@ -85,11 +85,8 @@ class LayerKVCache:
             return
         held = (*self.key.shape[:2], self.key.shape[-1], self.key.dtype, self.key.device)
         if held != (batch, kv_heads, d_k, dtype, device):
-            raise ValueError(
-                f"kv_cache holds keys (B, H_kv, T, d_k) = {tuple(self.key.shape)} of "
-                f"{self.key.dtype} on {self.key.device}; this call has B={batch}, H_kv={kv_heads}, "
-                f"d_k={d_k}, {dtype} on {device}: use a new cache for another model or batch"
-            )
+            given = f"B={batch}, H_kv={kv_heads}, d_k={d_k}, {dtype} on {device}"
+            raise ValueError(f"kv_cache holds (B, H_kv, d_k, dtype, device) = {held}, not {given}")
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new positions and return all keys and values so far.
