@@ -265,8 +265,11 @@ class MultiHeadAttention(nn.Module):
         for name, t in (("query", query), ("key", key), ("value", value)):
             if check_tensor(name, t, min_dim=3).dim() != 3 or t.shape[-1] != self.d_model:
                 raise ValueError(f"{name} must be (B, L, {self.d_model}), got {tuple(t.shape)}")
-            check_same("dtype", **{name: t.dtype, "the module": weight.dtype})
-            check_same("device", **{name: t.device, "the module": weight.device})
+        check_same(
+            "dtype", query=query.dtype, key=key.dtype, value=value.dtype, module=weight.dtype
+        )
+        devices = {"query": query.device, "key": key.device, "value": value.device}
+        check_same("device", **devices, module=weight.device)
         batch, q_len, k_len = query.shape[0], query.shape[1], key.shape[1]
         check_same("batch size B", query=batch, key=key.shape[0], value=value.shape[0])
         check_same("length Lk", key=k_len, value=value.shape[1])

@@ -24,6 +24,7 @@ Explained in chapter 10, *Attention in today's LLMs*.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -154,9 +155,11 @@ def rope_permutation(d_head: int) -> Tensor:
 # --- unchecked cores, shared with MultiHeadAttention and the sinusoidal encoding ------
 
 
+@functools.lru_cache(maxsize=64)
 def inverse_frequencies(width: int, base: float, device: torch.device | str | None) -> Tensor:
     """``omega_i = base ** (-2 i / width)`` for ``i = 0 .. ceil(width / 2) - 1``, in
-    float64: the clock speeds of chapter 7's sinusoidal encoding and of RoPE."""
+    float64: the clock speeds of chapter 7's sinusoidal encoding and of RoPE.
+    Cached (every layer asks again at every step); callers never modify it."""
     two_i = torch.arange(0, width, 2, dtype=torch.float64, device=device)  # (ceil(d/2),)
     return torch.exp(-math.log(base) * two_i / width)  # (ceil(d/2),)
 
