@@ -36,16 +36,6 @@ from .sdpa import attend
 from .tiled import tiled_core
 
 
-def expand_kv(t: Tensor, heads: int) -> Tensor:
-    """``(B, H_kv, L, d)`` keys or values -> ``(B, heads, L, d)``: head ``h`` is a
-    copy of head ``h // (heads // H_kv)`` (what ``repeat_kv`` does in 🤗 transformers)."""
-    batch, kv_heads, length, width = t.shape
-    if kv_heads == heads:
-        return t
-    grouped = t[:, :, None].expand(batch, kv_heads, heads // kv_heads, length, width)
-    return grouped.reshape(batch, heads, length, width)  # (B, H, L, d)
-
-
 def lib_attention(
     q: Tensor,
     k: Tensor,

@@ -142,8 +142,7 @@ class CausalLM(nn.Module):
         check_token_ids(tokens, self.vocab_size)
         past = 0 if cache is None else self.check_cache(cache)
         length, limit = tokens.shape[1], self.max_len
-        if length == 0:
-            raise ValueError(f"tokens must have L >= 1, got shape {tuple(tokens.shape)}")
+        check_int("the length L of tokens (B, L)", length, minimum=1)
         if past + length > limit:  # chapter 10 shows this error
             raise ValueError(f"{past} cached + {length} new tokens is longer than max_len={limit}")
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)

@@ -131,11 +131,9 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
         TypeError: if ``lengths`` is not integer or ``max_len`` not an int.
         ValueError: if ``lengths`` is not 1-D or a length is negative or > ``max_len``.
     """
-    if not isinstance(lengths, Tensor):
-        if not isinstance(lengths, Sequence) or any(type(n) is not int for n in lengths):
-            raise TypeError(f"lengths must be a 1-D integer tensor or ints, got {lengths!r}")
-        lengths = torch.tensor(list(lengths), dtype=torch.long)
-    check_integer_tensor("lengths", lengths)
+    if isinstance(lengths, Sequence) and all(type(n) is int for n in lengths):
+        lengths = torch.tensor(list(lengths), dtype=torch.long)  # ints: a (B,) tensor
+    check_integer_tensor("lengths", lengths, what=" (B,) or a sequence of ints")
     longest = int(lengths.max()) if lengths.numel() else 0
     max_len = check_int("max_len", longest if max_len is None else max_len, minimum=0)
     if lengths.dim() != 1 or (
@@ -162,8 +160,9 @@ def as_keep_mask(
     (``0`` = masked); anything else (e.g. a float *additive bias* as read by
     ``F.scaled_dot_product_attention``) is rejected.
 
-    The attention functions read their ``mask`` argument with it; the
-    keep-mask convention is chapter 5's, *Masking*.
+    It reads a mask the way the attention functions do (their entry points
+    check it with ``validation.check_mask``); the keep-mask
+    convention is chapter 5's, *Masking*.
 
     Args:
         mask: keep-mask broadcastable to ``(*batch_shape, q_len, k_len)``, or ``None``.

@@ -68,13 +68,13 @@ class MultiHeadAttention(nn.Module):
     below ``num_heads``, ``W_k`` and ``W_v`` have only ``num_kv_heads * d_k``
     outputs, and query head ``h`` reads key/value head
     ``h // (num_heads // num_kv_heads)`` (grouped-query attention; ``1`` is
-    multi-query attention). The query heads of a group are attended as one
-    extra dim against their shared head, which is never copied, and a
-    ``kv_cache`` stores only the ``num_kv_heads`` heads. With ``rope_base``, the
-    queries and keys are rotated by :func:`~attention_lib.apply_rope` after the
-    split into heads, at positions ``0, 1, ...`` (continued after the cached
+    multi-query attention). No backend copies the shared heads (see
+    :mod:`attention_lib.backends`), and a ``kv_cache`` stores only the
+    ``num_kv_heads`` heads. With ``rope_base``, the queries and keys are rotated
+    by :func:`~attention_lib.apply_rope` after the split into heads, at
+    ``positions`` (by default ``0, 1, ...``, continued after the cached
     positions with a ``kv_cache``). :meth:`from_hf_llama` builds the module of a
-    🤗 transformers ``LlamaAttention``.
+    🤗 transformers ``LlamaAttention``, or refuses a layer it cannot reproduce.
 
     Args:
         d_model: model width; divisible by ``num_heads``.
@@ -91,6 +91,12 @@ class MultiHeadAttention(nn.Module):
             ``None`` (default) means ``num_heads`` (plain multi-head attention).
         rope_base: apply rotary position embeddings with this base (10000 in
             Llama 2) to queries and keys; ``None`` (default) for none.
+        scale: multiplier of the scores, as ``F.scaled_dot_product_attention``'s
+            ``scale``; ``None`` (default) means ``1 / sqrt(d_k)``.
+        window: a causal sliding window (Mistral, Gemma 2's local layers): with
+            ``is_causal=True`` a query sees only itself and the ``window - 1``
+            keys before it (chapter 10); the module then refuses calls without
+            ``is_causal``. ``None`` (default) for no window.
         device: device of the parameters.
         dtype: dtype of the parameters.
 
@@ -104,6 +110,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: number of key/value heads ``H_kv``.
         d_k: width of one head, ``d_model // num_heads``.
         rope_base: the RoPE base, or ``None``.
+        scale: the scores' multiplier, or ``None`` for ``1 / sqrt(d_k)``.
+        window: the sliding window, or ``None``.
         dropout: dropout probability on the attention weights.
         backend: name of the attention backend (assigning another name switches
             backend; an unknown name raises ``ValueError``).
@@ -116,8 +124,9 @@ class MultiHeadAttention(nn.Module):
         ValueError: if ``d_model % num_heads != 0``, ``dropout`` is outside
             ``[0, 1)``, ``backend`` is unknown, ``block_size`` is below 1 or
             given for a backend other than ``"tiled"``, ``num_kv_heads`` does
-            not divide ``num_heads``, or ``rope_base`` is given with an odd
-            ``d_k`` or is not a number ``> 1``.
+            not divide ``num_heads``, ``rope_base`` is given with an odd
+            ``d_k`` or is not a number ``> 1``, ``scale`` is not ``> 0`` or
+            ``window`` is below 1.
 
     Shapes:
         - query: ``(B, Lq, d_model)``
@@ -292,9 +301,8 @@ class MultiHeadAttention(nn.Module):
             start = 0 if kv_cache is None else kv_cache.position
             if positions is None:
                 positions = torch.arange(start, start + max(q_len, k_len), device=weight.device)
-            elif q_len != k_len:
-                raise ValueError(f"positions need self-attention (Lq == Lk), got {q_len}, {k_len}")
-            else:
+            else:  # the queries' positions are the keys' too: self-attention
+                check_same("length (with positions)", query=q_len, key=k_len)
                 check_positions(positions, (batch, q_len), weight.device)
         causal = Causal(past, self.window) if is_causal else None
         return self.attend(

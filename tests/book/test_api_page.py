@@ -35,7 +35,6 @@ SUBMODULE_ONLY = {
     "attention_lib.backends.torch_backend",
     "attention_lib.backends.tiled_backend",
     "attention_lib.backends.lib_attention",
-    "attention_lib.backends.expand_kv",
     "attention_lib.convert.from_torch",
     "attention_lib.convert.from_hf_llama",
     "attention_lib.masks.Causal",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from attention_lib import MultiHeadAttention, available_backends, causal_mask
 from attention_lib.backends import (
     BACKENDS,
-    expand_kv,
     lib_attention,
     lib_backend,
     tiled_backend,
@@ -61,21 +61,13 @@ def test_lib_attention_returns_the_weights_of_every_query_head() -> None:
     out, weights = lib_attention(q, k, v, None, causal=Causal(1), dropout_p=0.0, scale=None)
     assert weights.shape == (1, 6, 4, 5)
     expected = torch.softmax(
-        (q @ expand_kv(k, 6).transpose(-2, -1) / 8**0.5).masked_fill(
+        (q @ repeat_kv(k, 3).transpose(-2, -1) / 8**0.5).masked_fill(
             ~causal_mask(4, 5, offset=1), float("-inf")
         ),
         -1,
     )
     torch.testing.assert_close(weights, expected)
-    torch.testing.assert_close(out, expected @ expand_kv(v, 6))
-
-
-def test_expand_kv_is_transformers_repeat_kv() -> None:
-    from transformers.models.llama.modeling_llama import repeat_kv
-
-    k = torch.randn(2, 3, 5, 4)
-    assert torch.equal(expand_kv(k, 12), repeat_kv(k, 4))
-    assert expand_kv(k, 3) is k
+    torch.testing.assert_close(out, expected @ repeat_kv(v, 3))
 
 
 def test_torch_backend_dropout() -> None:

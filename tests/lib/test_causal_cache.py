@@ -162,3 +162,24 @@ def test_a_hook_on_an_inner_attention_layer_sees_a_public_call(backend) -> None:
         replay.update(cache_before[1], cache.layers[1].value[:, :, :4].clone())
         kwargs = {**kwargs, "kv_cache": replay}
         assert torch.equal(attention(*args, **kwargs), output)
+
+
+def test_rope_positions_per_sequence() -> None:
+    # RoPE scores depend on relative positions only: shifting a sequence's positions
+    # (B, L) leaves its output unchanged, and the positions reach the rotation.
+    mha = _mha("lib", rope_base=100.0)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    shifted = torch.stack([torch.arange(5), torch.arange(7, 12)])  # (B, L)
+    with torch.no_grad():
+        plain = mha(x, x, x, is_causal=True)
+        moved = mha(x, x, x, is_causal=True, positions=shifted)
+        _, weights = mha(x, x, x, is_causal=True, positions=shifted * 3, need_weights=True)
+        _, plain_weights = mha(x, x, x, is_causal=True, need_weights=True)
+    torch.testing.assert_close(moved, plain, atol=1e-12, rtol=0)
+    assert not torch.allclose(weights[1], plain_weights[1])  # 3x the distances: other scores
+    with pytest.raises(ValueError, match="positions"):
+        mha(x, x, x, positions=torch.arange(4))
+    with pytest.raises(ValueError, match="length"):
+        mha(x, x[:, :3], x[:, :3], positions=torch.arange(5))
+    with pytest.raises(TypeError, match="positions"):
+        mha(x, x, x, positions=torch.arange(5.0))
