@@ -40,7 +40,7 @@ __all__ += [
     "use_book_style",
 ]
 
-# --- efficient attention: online softmax and tiled attention (chapter 8)
+# --- efficient attention: online softmax and tiled attention (chapter 10)
 from .tiled import (
     OnlineSoftmaxState,
     online_softmax,
@@ -50,7 +50,7 @@ from .tiled import (
 
 __all__ += ["OnlineSoftmaxState", "online_softmax", "online_softmax_update", "tiled_attention"]
 
-# --- counting tensor memory (chapter 8)
+# --- counting tensor memory (chapter 10)
 from .memory import TensorMemory
 
 __all__ += ["TensorMemory"]
@@ -92,7 +92,7 @@ __all__ += [
     "train_token_classifier",
 ]
 
-# --- a causal language model, its KV cache and generation (chapter 9)
+# --- a causal language model, its KV cache and generation (chapter 8)
 from .causal_lm import CausalLM
 from .generation import generate
 from .induction import (
@@ -112,7 +112,7 @@ __all__ += [
     "predictable_positions",
 ]
 
-# --- attention in today's LLMs: RoPE, GQA/MQA, KV-cache memory (chapter 10)
+# --- attention in today's LLMs: RoPE, GQA/MQA, KV-cache memory (chapter 9)
 from .kv_memory import PUBLISHED_SHAPES, ModelShape, kv_cache_bytes, kv_cache_table
 from .rope import apply_rope, rope_frequencies, rope_permutation
 

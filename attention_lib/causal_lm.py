@@ -11,11 +11,11 @@ positions of the sequence, after the cached ones: their queries attend to the
 cached keys and to their own, under chapter 5's bottom-right causal alignment
 (``tril(diagonal=Lk - Lq)``), and their positions continue where the cache ends.
 
-Chapter 10 adds the options of today's LLMs: rotary position embeddings
+Chapter 9 adds the options of today's LLMs: rotary position embeddings
 (``positional="rope"``), grouped-query attention (``num_kv_heads``) and a
 sliding window (``window``, with a rolling :class:`~attention_lib.KVCache`).
 
-Explained in chapter 9, *Attention that writes*.
+Explained in chapter 8, *Attention that writes*.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CausalLM(nn.Module):
     causal mask (a decoder-only block *is* an encoder block that may not look
     ahead), followed by a final ``LayerNorm`` and a linear head.
 
-    Explained in chapter 9, *Attention that writes*.
+    Explained in chapter 8, *Attention that writes*.
 
     Args:
         vocab_size: number of token ids ``0 .. vocab_size - 1``.
@@ -52,15 +52,15 @@ class CausalLM(nn.Module):
         positional: ``"learned"`` (an ``nn.Embedding(max_len, d_model)`` added
             to the token embeddings), ``"sinusoidal"`` (chapter 7's fixed
             encodings), ``"rope"`` (rotary position embeddings in every
-            attention layer, chapter 10; nothing is added to the embeddings)
+            attention layer, chapter 9; nothing is added to the embeddings)
             or ``None`` (no positions).
         backend: attention backend of every layer (see
             :class:`~attention_lib.MultiHeadAttention`).
         num_kv_heads: key/value heads per layer (grouped-query attention,
-            chapter 10): the KV cache shrinks by ``num_heads / num_kv_heads``.
+            chapter 9): the KV cache shrinks by ``num_heads / num_kv_heads``.
             ``None`` means ``num_heads``.
         rope_base: the RoPE base with ``positional="rope"``.
-        window: sliding-window attention (chapter 10): position ``i`` sees the
+        window: sliding-window attention (chapter 9): position ``i`` sees the
             tokens ``i - window < j <= i`` only; generation then keeps a rolling
             cache of ``window`` tokens. ``None`` for plain causal attention.
 
@@ -143,7 +143,7 @@ class CausalLM(nn.Module):
         past = 0 if cache is None else self.check_cache(cache)
         length, limit = tokens.shape[1], self.max_len
         check_int("the length L of tokens (B, L)", length, minimum=1)
-        if past + length > limit:  # chapter 10 shows this error
+        if past + length > limit:  # chapter 9 shows this error
             raise ValueError(f"{past} cached + {length} new tokens is longer than max_len={limit}")
         positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
         x = self.embedding(tokens)  # (B, L, d)

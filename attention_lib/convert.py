@@ -9,7 +9,7 @@ applies), never from its class name, so that a layer of a family not tested
 here is either reproduced or refused for the right reason.
 
 Explained in chapter 6, *Multi-head attention* (``nn.MultiheadAttention``) and
-chapter 10, *Attention in today's LLMs* (🤗 transformers' ``LlamaAttention``).
+chapter 9, *Attention in today's LLMs* (🤗 transformers' ``LlamaAttention``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     head width other than ``hidden_size // num_attention_heads``, and
     bidirectional attention (``is_causal=False``).
 
-    Explained in chapter 10, *Attention in today's LLMs*.
+    Explained in chapter 9, *Attention in today's LLMs*.
 
     Args:
         module: a ``transformers`` ``LlamaAttention``, or a layer with its

@@ -204,10 +204,10 @@ class EncoderLayer(nn.Module):
             :class:`~attention_lib.MultiHeadAttention`); ``need_weights=True``
             always computes with the lib backend.
         num_kv_heads: key/value heads of the self-attention (grouped-query
-            attention, chapter 10); ``None`` means ``num_heads``.
+            attention, chapter 9); ``None`` means ``num_heads``.
         rope_base: rotary position embeddings in the self-attention with this
-            base (chapter 10); ``None`` for none.
-        window: a causal sliding window of the self-attention (chapter 10);
+            base (chapter 9); ``None`` for none.
+        window: a causal sliding window of the self-attention (chapter 9);
             ``None`` for none.
 
     A building block: its ``forward`` checks nothing itself; its
@@ -271,7 +271,7 @@ class EncoderLayer(nn.Module):
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`).
             need_weights: also return the self-attention weights.
             kv_cache: the self-attention's cache of ``T`` earlier keys and
-                values (chapter 9); the keys then count them too.
+                values (chapter 8); the keys then count them too.
             positions: the RoPE positions of the tokens, if the layer has RoPE.
 
         Returns:
@@ -395,7 +395,7 @@ class Encoder(nn.Module):
             need_weights: also return the attention weights of every layer.
             cache: a :class:`~attention_lib.KVCache`; layer ``i`` appends its
                 keys and values to ``cache.layer(i)`` and attends to all of them
-                (chapter 9).
+                (chapter 8).
             positions: the RoPE positions of the tokens (see
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`).
 

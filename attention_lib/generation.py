@@ -8,12 +8,12 @@ the ``top_k`` largest, and draws from their softmax.
 With ``use_cache=True`` the prompt runs through the model once and fills a
 :class:`~attention_lib.KVCache`; every later step feeds only the newest token.
 A model with a sliding window gets a rolling cache of ``window`` tokens
-(chapter 10).
+(chapter 9).
 Without it, every step runs the whole sequence again. Both give the same
 tokens; the cache makes a step cost ``O(T)`` instead of ``O(T^2)`` attention
 work and ``O(1)`` instead of ``O(T)`` projections and feed-forward work.
 
-Explained in chapter 9, *Attention that writes*.
+Explained in chapter 8, *Attention that writes*.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def generate(
     without gradients. Greedy decoding (``do_sample=False``) gives the same
     tokens with and without the cache.
 
-    Explained in chapter 9, *Attention that writes*.
+    Explained in chapter 8, *Attention that writes*.
 
     Args:
         model: a :class:`~attention_lib.CausalLM`.

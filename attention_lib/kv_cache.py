@@ -12,11 +12,11 @@ Layout: one :class:`LayerKVCache` per attention layer, holding ``key`` and
 ``value`` tensors of shape ``(B, H_kv, T, d_k)`` (``H_kv`` is the number of
 key/value heads, equal to the number of heads in plain multi-head attention).
 
-A **rolling** cache (``KVCache(window=w)``, chapter 10) keeps only the keys and
+A **rolling** cache (``KVCache(window=w)``, chapter 9) keeps only the keys and
 values of the last ``w`` tokens, so its size stops growing: a model with a
 sliding window of ``w`` never looks further back.
 
-Explained in chapter 9, *Attention that writes*.
+Explained in chapter 8, *Attention that writes*.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ class LayerKVCache:
     :class:`~attention_lib.MultiHeadAttention` calls :meth:`update` with the
     keys and values of the new positions and attends to what it returns.
 
-    Explained in chapter 9, *Attention that writes*.
+    Explained in chapter 8, *Attention that writes*.
 
     Args:
         window: keep only the last ``window`` positions (a rolling cache for
-            sliding-window attention, chapter 10); ``None`` keeps all.
+            sliding-window attention, chapter 9); ``None`` keeps all.
 
     Attributes:
         key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
@@ -123,11 +123,11 @@ class KVCache:
     cache=cache)``) appends the keys and values of ``tokens`` to every layer; the
     next call only has to process the tokens that follow.
 
-    Explained in chapter 9, *Attention that writes*.
+    Explained in chapter 8, *Attention that writes*.
 
     Args:
         window: keep only the last ``window`` tokens in every layer (a rolling
-            cache for a model with a sliding window, chapter 10); ``None``
+            cache for a model with a sliding window, chapter 9); ``None``
             keeps all.
 
     Attributes:

@@ -62,7 +62,7 @@ def causal_mask(
     definition of 🤗 transformers' ``sliding_window_causal_mask_function``
     (Mistral-style models).
 
-    Explained in chapter 5, *Masking*; sliding windows in chapter 10,
+    Explained in chapter 5, *Masking*; sliding windows in chapter 9,
     *Attention in today's LLMs*.
 
     Args:

@@ -43,7 +43,7 @@ class MultiHeadAttention(nn.Module):
     no copy), the heads attend independently and their outputs are concatenated
     and mixed by ``W_o``.
 
-    Explained in chapter 6, *Multi-head attention*; backends also in chapter 8,
+    Explained in chapter 6, *Multi-head attention*; backends also in chapter 10,
     *Efficient attention*.
 
     **Mask semantics.** ``mask`` is a *keep-mask*, as in
@@ -60,11 +60,11 @@ class MultiHeadAttention(nn.Module):
     (this package's :func:`~attention_lib.scaled_dot_product_attention`, the
     default), ``"torch"`` (PyTorch's fused ``F.scaled_dot_product_attention``:
     use it where you need speed, not weights) or ``"tiled"``
-    (:func:`~attention_lib.tiled.tiled_attention`, chapter 8, with ``block_size``).
+    (:func:`~attention_lib.tiled.tiled_attention`, chapter 10, with ``block_size``).
     A fused kernel cannot return the attention weights, so
     ``need_weights=True`` always uses the lib computation, whatever the backend.
 
-    **Grouped-query attention and RoPE** (chapter 10). With ``num_kv_heads``
+    **Grouped-query attention and RoPE** (chapter 9). With ``num_kv_heads``
     below ``num_heads``, ``W_k`` and ``W_v`` have only ``num_kv_heads * d_k``
     outputs, and query head ``h`` reads key/value head
     ``h // (num_heads // num_kv_heads)`` (grouped-query attention; ``1`` is
@@ -95,7 +95,7 @@ class MultiHeadAttention(nn.Module):
             ``scale``; ``None`` (default) means ``1 / sqrt(d_k)``.
         window: a causal sliding window (Mistral, Gemma 2's local layers): with
             ``is_causal=True`` a query sees only itself and the ``window - 1``
-            keys before it (chapter 10); the module then refuses calls without
+            keys before it (chapter 9); the module then refuses calls without
             ``is_causal``. ``None`` (default) for no window.
         device: device of the parameters.
         dtype: dtype of the parameters.
@@ -225,8 +225,8 @@ class MultiHeadAttention(nn.Module):
         :class:`~attention_lib.masks.Causal` alignment, the RoPE positions) and
         passes them down to :meth:`attend`, which checks nothing.
 
-        Explained in chapter 6, *Multi-head attention*; the cache in chapter 9,
-        *Attention that writes*; RoPE, grouped heads and windows in chapter 10,
+        Explained in chapter 6, *Multi-head attention*; the cache in chapter 8,
+        *Attention that writes*; RoPE, grouped heads and windows in chapter 9,
         *Attention in today's LLMs*.
 
         Args:
@@ -248,7 +248,7 @@ class MultiHeadAttention(nn.Module):
                 with the lib backend, whatever ``backend`` is).
             kv_cache: a :class:`~attention_lib.LayerKVCache`: the projected keys
                 and values are appended to it, and the queries attend to every
-                key it holds (chapter 9).
+                key it holds (chapter 8).
             positions: with ``rope_base``, the integer positions of the new
                 tokens, ``(Lq,)`` or ``(B, Lq)`` (self-attention, ``Lq == Lk``);
                 ``None`` means ``p, p + 1, ...`` after the ``p`` positions the
@@ -411,7 +411,7 @@ class MultiHeadAttention(nn.Module):
         ``ValueError`` naming what it cannot reproduce: see
         :func:`attention_lib.convert.from_hf_llama`.
 
-        Explained in chapter 10, *Attention in today's LLMs*.
+        Explained in chapter 9, *Attention in today's LLMs*.
         """
         from .convert import from_hf_llama
 

@@ -19,7 +19,7 @@ Two layouts pair the coordinates differently:
 They are the same function up to a fixed permutation of the coordinates
 (see :func:`~attention_lib.rope_permutation`).
 
-Explained in chapter 10, *Attention in today's LLMs*.
+Explained in chapter 9, *Attention in today's LLMs*.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def rope_frequencies(
     pair 0 turns by one radian per position, the last pair almost not at all.
     Computed in float64.
 
-    Explained in chapter 10, *Attention in today's LLMs*.
+    Explained in chapter 9, *Attention in today's LLMs*.
 
     Args:
         d_head: width of one head (even).
@@ -87,7 +87,7 @@ def apply_rope(
     ``apply_rotary_pos_emb`` with ``LlamaRotaryEmbedding``. The angles are
     computed in float64 and rounded once to ``x.dtype``.
 
-    Explained in chapter 10, *Attention in today's LLMs*.
+    Explained in chapter 9, *Attention in today's LLMs*.
 
     Args:
         x: queries or keys, ``(..., L, d_head)`` with an even ``d_head``.
@@ -140,7 +140,7 @@ def rope_permutation(d_head: int) -> Tensor:
     permutes the rows of ``W_q`` and ``W_k`` once, and attention scores do not
     change (a permutation of coordinates keeps every dot product).
 
-    Explained in chapter 10, *Attention in today's LLMs*.
+    Explained in chapter 9, *Attention in today's LLMs*.
 
     Args:
         d_head: width of one head (even).

@@ -17,7 +17,7 @@ training, too, needs memory linear in the sequence length.
 This is the same algorithm as a FlashAttention kernel, written with ordinary
 PyTorch ops: a teaching model, not a fused GPU kernel.
 
-Explained in chapter 8, *Efficient attention*.
+Explained in chapter 10, *Efficient attention*.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _LOG2_E = math.log2(math.e)
 class OnlineSoftmaxState(NamedTuple):
     """What the online softmax remembers about every query row between blocks.
 
-    Explained in chapter 8, *Efficient attention*.
+    Explained in chapter 10, *Efficient attention*.
 
     Attributes:
         row_max: ``(..., Lq, 1)`` running maximum ``m`` of the scores seen so far
@@ -126,7 +126,7 @@ def online_softmax_update(
         l' = e^{m - m'} l + \sum_j e^{s_j - m'}, \quad
         \mathrm{acc}' = e^{m - m'} \mathrm{acc} + \sum_j e^{s_j - m'} v_j .
 
-    Explained in chapter 8, *Efficient attention*.
+    Explained in chapter 10, *Efficient attention*.
 
     Args:
         state: the state after the previous blocks (start with
@@ -182,7 +182,7 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
     second pass writes ``exp(x - m) / l``. The result equals ``torch.softmax``
     (also its ``NaN`` for a row that is ``-inf`` everywhere).
 
-    Explained in chapter 8, *Efficient attention*.
+    Explained in chapter 10, *Efficient attention*.
 
     The softmax it reproduces is the one of chapter 3.
 
@@ -247,7 +247,7 @@ def tiled_attention(
     sees only keys ``i - w < j <= i`` (itself and the ``w - 1`` before it, as
     in 🤗 transformers' sliding-window mask). Key blocks that lie entirely before the band are
     skipped too, so at a fixed window the work grows linearly in ``Lq``, not
-    quadratically (chapter 10).
+    quadratically (chapter 9).
 
     **Gradients.** The function is differentiable in ``query``, ``key`` and
     ``value`` with the memory of the forward pass: instead of letting autograd
@@ -260,7 +260,7 @@ def tiled_attention(
     Dropout together with gradients is refused: the backward pass would have to
     recompute exactly the dropout mask of the forward pass, which is not stored.
 
-    Explained in chapter 8, *Efficient attention*.
+    Explained in chapter 10, *Efficient attention*.
 
     Args:
         query: ``(..., Lq, d_k)`` floating tensor.
