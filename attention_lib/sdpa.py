@@ -40,7 +40,8 @@ def scaled_dot_product_attention(
         \mathrm{weights} = \mathrm{softmax}\!\left(Q K^\top \cdot \mathrm{scale}\right),
         \qquad \mathrm{output} = \mathrm{weights}\, V
 
-    Explained in chapter 4, *The weighted sum*; the scores and the scale in
+    Explained in chapter 1, *Queries, keys and values* (the whole formula, built
+    by hand), and chapter 4, *The weighted sum*; the scores and the scale in
     chapter 2, *Scores and scaling*; the softmax in chapter 3, *Softmax*; the
     masks in chapter 5, *Masking*.
 

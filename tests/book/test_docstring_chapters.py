@@ -76,3 +76,69 @@ def test_every_explained_in_chapter_claim_is_true():
 def test_claim_parser_reads_lists_of_chapters():
     doc = "Intro.\n\nExplained in chapter 4, *The sum*; the masks in chapter 5\nand chapters 2 and 3.\n\nArgs: chapter 8"
     assert _claimed_chapters(doc) == {2, 3, 4, 5}
+
+
+def _first_explained() -> dict[str, int]:
+    """The first chapter that explains each public name (``Class.method`` too), from
+    the "Explained in chapter N" claims of its docstring."""
+    first = {}
+    for qualname, name, obj in _public_objects():
+        chapters = _claimed_chapters(inspect.getdoc(obj) or "")
+        key = qualname.split(".", 2)[-1] if qualname.count(".") >= 3 else name
+        if chapters:
+            first[key] = min(chapters | ({first[key]} if key in first else set()))
+    return first
+
+
+def _library_names_used(code: str) -> set[str]:
+    """attention_lib names that notebook code calls or reads: names imported from the
+    package (and ``Name.attr`` on them) and ``attention_lib.name`` attributes."""
+    import ast
+
+    tree = ast.parse(code)
+    imported = {
+        alias.asname or alias.name: alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attention_lib")
+        for alias in node.names
+    }
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in imported:
+            used.add(imported[node.id])
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            base = node.value.id
+            if base == "attention_lib":
+                used.add(node.attr)
+            elif base in imported:
+                used.add(f"{imported[base]}.{node.attr}")
+    return used
+
+
+def _cleaned(code: str) -> str:
+    """Notebook code without IPython magics and shell lines, so that ast can read it."""
+    lines = code.splitlines()
+    return "\n".join(
+        line[: len(line) - len(line.lstrip())] + "pass"
+        if line.lstrip().startswith(("%", "!"))
+        else line
+        for line in lines
+    )
+
+
+def test_no_chapter_uses_a_library_name_before_the_chapter_that_explains_it():
+    first, early = _first_explained(), []
+    for chapter, code in _chapter_code().items():
+        for name in sorted(_library_names_used(_cleaned(code))):
+            if first.get(name, chapter) > chapter:
+                early.append(f"chapter {chapter} uses {name}, explained in chapter {first[name]}")
+    assert early == []
+
+
+def test_the_order_check_sees_a_name_from_a_later_chapter():
+    code = "from attention_lib import tiled_attention, causal_mask\nimport attention_lib\n"
+    code += "tiled_attention(q, k, v)\nattention_lib.generate(m, p, 3)\ncausal_mask(3)"
+    used = _library_names_used(code)
+    assert {"tiled_attention", "generate", "causal_mask"} <= used
+    first = _first_explained()
+    assert first["tiled_attention"] == 10 and first["causal_mask"] == 5
