@@ -185,12 +185,23 @@ def test_exercises_open_with_the_common_sentence(nb: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("nb", chapter_params())
-def test_solutions_are_hidden_and_nothing_else_is(nb: Path) -> None:
-    """Solutions hide input and output; every other cell shows its code.
+def draws_only(cell: dict) -> bool:
+    """A code cell that only draws: it shows a figure or a slider and checks nothing
+    (no ``assert``, no ``print``)."""
+    source = "".join(cell["source"])
+    shown = [o.get("data", {}) for o in cell.get("outputs", [])]
+    draws = any(
+        "image/png" in d or "afs-explorer" in "".join(d.get("text/html", "")) for d in shown
+    )
+    return draws and "assert" not in source and "print(" not in source
 
-    The plotting rule (issue 16, item 7): code that draws a figure is shown like all
-    other code, in every chapter. `hide-input`/`hide-output` mark solutions only.
+
+@pytest.mark.parametrize("nb", chapter_params())
+def test_solutions_and_drawing_code_are_hidden_and_nothing_else_is(nb: Path) -> None:
+    """Solutions hide input and output; cells that only draw hide their code behind a
+    "Show code" toggle (``hide-input``); code that builds or checks attention is shown.
+
+    The plotting rule (issue 22): drawing code filled a third of every page.
     """
     data = load(nb)
     solutions = [c for c in exercise_cells(data) if c["cell_type"] == "code"]
@@ -204,10 +215,28 @@ def test_solutions_are_hidden_and_nothing_else_is(nb: Path) -> None:
     for cell in data["cells"]:
         if cell["cell_type"] == "code" and id(cell) not in ids:
             hidden = cell_tags(cell) & {"hide-input", "hide-output", "hide-cell"}
-            assert not hidden, (
-                f"{nb.name}: only solutions are hidden, this cell is tagged {hidden}:\n"
-                + "".join(cell["source"])[:200]
+            expected = {"hide-input"} if draws_only(cell) else set()
+            assert hidden == expected, (
+                f"{nb.name}: this cell should be tagged {expected or 'nothing'}, not "
+                f"{hidden or 'nothing'}:\n" + "".join(cell["source"])[:200]
             )
+
+
+@pytest.mark.parametrize("nb", chapter_params())
+def test_every_slider_has_a_numbered_caption(nb: Path) -> None:
+    """The markdown cell after a slider opens with "**Slider N.**", N = 1, 2, ... per
+    chapter (static figures are numbered by Sphinx from their captions)."""
+    cells, number = load(nb)["cells"], 0
+    for cell, after in zip(cells, cells[1:] + [None]):
+        html = ["".join(o.get("data", {}).get("text/html", "")) for o in cell.get("outputs", [])]
+        if cell["cell_type"] == "code" and any("afs-explorer" in h for h in html):
+            number += 1
+            text = "".join(after["source"]).lstrip() if after else ""
+            assert (
+                after
+                and after["cell_type"] == "markdown"
+                and text.startswith(f"**Slider {number}.**")
+            ), f"{nb.name}: slider {number} needs a caption cell '**Slider {number}.** ...'"
 
 
 SEED = re.compile(r"\bseed", re.I)
@@ -274,7 +303,7 @@ def test_code_and_text_output_lines_fit_the_column(nb: Path) -> None:
 
 @pytest.mark.parametrize("nb", chapter_params())
 def test_static_figures_say_what_they_show(nb: Path) -> None:
-    """Every stored image has a caption or alt text (myst-nb cell metadata).
+    """Every stored image has a caption and alt text (myst-nb cell metadata).
 
     Set them in the cell's metadata: {"mystnb": {"figure": {"caption": "..."},
     "image": {"alt": "..."}}}. Slider explorers carry their own labels.
@@ -290,6 +319,7 @@ def test_static_figures_say_what_they_show(nb: Path) -> None:
         meta = cell["metadata"].get("mystnb", {})
         caption = meta.get("figure", {}).get("caption", "")
         alt = meta.get("image", {}).get("alt", "")
-        assert caption.strip() or alt.strip(), (
-            f"{nb.name}: a figure without caption or alt text:\n" + "".join(cell["source"])[:200]
+        assert caption.strip() and alt.strip(), (
+            f"{nb.name}: a figure needs a caption (numbered by Sphinx) and alt text:\n"
+            + "".join(cell["source"])[:200]
         )
