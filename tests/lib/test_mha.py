@@ -288,12 +288,12 @@ Y = torch.randn(2, 6, D_MODEL)
         (
             {"d_model": 16, "num_heads": 4, "dropout": 1.0},
             ValueError,
-            r"dropout must be a finite float >= 0, < 1, got 1.0",
+            r"dropout",
         ),
         (
             {"d_model": 16, "num_heads": 4, "dropout": "0"},
             TypeError,
-            r"dropout must be a finite float >= 0, < 1, got str",
+            r"dropout",
         ),
         ({"d_model": 16, "num_heads": 4, "bias": 1}, TypeError, r"bias must be a bool, got int"),
         (
