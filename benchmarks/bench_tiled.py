@@ -27,6 +27,8 @@ Chapter 10's targets, at B=1, H=8, d=64, float32, measured as ratios in one run:
   ``ru_maxrss`` after minus the current RSS before), runs the call, and reports
   ``peak RSS after - RSS before`` (output and gradients included).
 
+The method, and the results of one run, are described in ``benchmarks/README.md``.
+
 Run: ``.venv/bin/python benchmarks/bench_tiled.py`` (about 10 minutes), or
 ``--quick`` for a small smoke run. ``--block-size 128x256`` (repeatable) times
 other tile shapes next to the default; ``--only forward`` or ``--only training``
