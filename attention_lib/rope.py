@@ -11,7 +11,7 @@ attention scores depend on the relative position ``m - n`` alone.
 
 Two layouts pair the coordinates differently:
 
-* **rotate-half** (Llama, 🤗 transformers, the default): coordinate ``j`` is
+* **rotate-half** (🤗 transformers' Llama, GPT-NeoX; the default): coordinate ``j`` is
   paired with ``j + d_head / 2``;
 * **interleaved** (RoFormer, GPT-J, Meta's original Llama code): coordinate
   ``2 i`` is paired with ``2 i + 1``.
