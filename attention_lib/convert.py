@@ -217,7 +217,7 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
 
 def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
     """The RoPE layout of the rotation a transformers layer applies:
-    ``"rotate-half"`` (Llama), ``"interleaved"`` (Cohere, Helium), or ``None``
+    ``"rotate-half"`` (🤗 transformers' Llama), ``"interleaved"`` (Cohere, Helium), or ``None``
     if it is neither or cannot be found.
 
     A layer rotates with the ``apply_rotary_pos_emb`` of its modeling file,
