@@ -89,7 +89,10 @@ def other_edition(language: str, pagename: str) -> dict[str, str]:
 
 # The site's own words that the Chinese edition shows in Chinese (the theme translates its
 # labels itself; these come from _config.yml).
-SITE_TEXT_ZH = {"search_bar_text": "搜索本书……", "html_title": "Attention from Scratch（中文版）"}
+SITE_TEXT_ZH = {
+    "search_bar_text": "搜索本书……",
+    "html_title": "从零实现注意力（Attention from Scratch）",
+}
 
 
 # The theme's and myst-nb's own labels that their catalogs leave in English: the Chinese
