@@ -323,3 +323,19 @@ def test_static_figures_say_what_they_show(nb: Path) -> None:
             f"{nb.name}: a figure needs a caption (numbered by Sphinx) and alt text:\n"
             + "".join(cell["source"])[:200]
         )
+
+
+def test_chapter_links_say_the_number_of_the_chapter_they_open() -> None:
+    """ "[chapter 8](08_attention_that_writes.ipynb)": the number in the link text is the
+    file's (both editions; a renumbering once wrote 'chapter 10' for 08_...)."""
+    link = re.compile(r"(?:[Cc]hapters?|第)\s*(\d+)\s*章?\]\((\d\d)_[a-z_]+\.ipynb")
+    pages = [*sorted((ROOT / "book").glob("*.ipynb")), *sorted((ROOT / "book").glob("*.md"))]
+    pages += sorted((ROOT / "locale").rglob("*.po"))
+    wrong = [
+        f"{page.name}: {m.group(0)}"
+        for page in pages
+        for m in link.finditer(page.read_text(encoding="utf-8"))
+        if int(m.group(1)) != int(m.group(2))
+    ]
+    assert wrong == []
+    assert link.search("[第 9 章](09_modern_attention.ipynb)")  # the pattern reads both
