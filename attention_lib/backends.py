@@ -45,17 +45,22 @@ def lib_attention(
     causal: Causal | None,
     dropout_p: float,
     scale: float | None,
+    softcap: float | None = None,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """This package's attention for grouped heads: ``(output, weights)``, with
     ``weights (B, H, Lq, Lk)``. The ``G = H // H_kv`` query heads of a group are
-    attended as one extra dim against their shared key/value head, never copied."""
+    attended as one extra dim against their shared key/value head, never copied.
+    The only backend that computes ``softcap`` and ``sink`` (per query head, ``(H,)``)."""
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     if group > 1:
+        sink = None if sink is None else sink.view(kv_heads, group)  # (H_kv, G)
         q = q.unflatten(1, (kv_heads, group))  # (B, H_kv, G, Lq, d_k)
         k, v = k.unsqueeze(2), v.unsqueeze(2)  # (B, H_kv, 1, Lk, d_k)
         if keep is not None and keep.dim() == 4:  # (B, 1 or H, Lq, Lk) -> 5 dims
             keep = keep.unsqueeze(2) if keep.shape[1] == 1 else keep.unflatten(1, (kv_heads, group))
-    output, weights = attend(q, k, v, keep, causal=causal, dropout_p=dropout_p, scale=scale)
+    options = {"causal": causal, "dropout_p": dropout_p, "scale": scale}
+    output, weights = attend(q, k, v, keep, **options, softcap=softcap, sink=sink)
     if group > 1:
         output, weights = output.flatten(1, 2), weights.flatten(1, 2)  # (B, H, Lq, ...)
     return output, weights

@@ -159,19 +159,26 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     uses_rope = bool(getattr(module, "use_rope", True))  # SmolLM3: 0 in its NoPE layers
     layout = _rope_layout(module, head_dim) if uses_rope else None
     biased = [n for n in _PROJECTIONS if getattr(module, n).bias is not None]
-    extras = [n for n, _ in module.named_children() if n not in _PROJECTIONS]
+    qk_norm = _is_head_rms_norm(getattr(module, "q_norm", None), head_dim) and _is_head_rms_norm(
+        getattr(module, "k_norm", None), head_dim
+    )  # Qwen3's QK-norm; OLMo 2 normalises all heads at once, Cohere with a LayerNorm
+    sinks = getattr(module, "sinks", None)  # gpt-oss: one logit per head
+    sink = isinstance(sinks, nn.Parameter) and tuple(sinks.shape) == (heads,)
+    ours_too = {*_PROJECTIONS, *(("q_norm", "k_norm") if qk_norm else ()), *(("sinks",) * sink)}
+    extras = [n for n, _ in module.named_children() if n not in ours_too]
+    softcap = getattr(
+        module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
+    )
     default_rope = (
         rope.get("rope_type", "default") == "default"
         and "rope_theta" in rope
         and rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) == 1
     )
     refused = {  # a feature MultiHeadAttention does not compute -> what the layer has, if it has it
-        "submodules or parameters besides the projections (e.g. QK-norm)": extras
-        + [n for n, _ in module.named_parameters(recurse=False)],
-        "clip_qkv (clamped projections)": getattr(config, "clip_qkv", None),
-        "attention logit soft-capping (attn_logit_softcapping)": getattr(
-            module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
+        "submodules or parameters besides the projections, a per-head RMS QK-norm and sinks": (
+            extras + [n for n, _ in module.named_parameters(recurse=False) if n not in ours_too]
         ),
+        "clip_qkv (clamped projections)": getattr(config, "clip_qkv", None),
         "a RoPE other than the default (rope_parameters)": uses_rope and not default_rope and rope,
         "a rotation other than RoPE's (its apply_rotary_pos_emb)": uses_rope and layout is None,
         "a bias in some projections only (not all four or none)": 0 < len(biased) < 4 and biased,
@@ -198,6 +205,9 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
         rope_base=float(rope["rope_theta"]) if uses_rope else None,
         scale=None if math.isclose(scaling, head_dim**-0.5, rel_tol=1e-9) else scaling,
         window=getattr(module, "sliding_window", getattr(config, "sliding_window", None)),
+        qk_norm=qk_norm,
+        softcap=None if softcap is None else float(softcap),
+        sink=sink,
         device=weight.device,
         dtype=weight.dtype,
     )
@@ -212,7 +222,36 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
             linear.weight.copy_(theirs.weight[order])
             if theirs.bias is not None:
                 linear.bias.copy_(theirs.bias[order])
+        if qk_norm:  # one head's coordinates, in the order of W_q's rows
+            coordinates = _head_rows(1, head_dim, interleaved)
+            for norm, theirs in ((ours.q_norm, module.q_norm), (ours.k_norm, module.k_norm)):
+                norm.weight.copy_(theirs.weight[coordinates])
+                norm.eps = _norm_eps(theirs)
+        if sink:
+            ours.sink.copy_(sinks)
     return ours.train(module.training)
+
+
+def _norm_eps(norm: nn.Module) -> float:
+    """The epsilon of a transformers RMSNorm (``variance_epsilon`` or ``eps``)."""
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _is_head_rms_norm(norm: nn.Module | None, head_dim: int) -> bool:
+    """Whether ``norm`` computes ``nn.RMSNorm(head_dim)`` with its weight and epsilon
+    (Qwen3's ``q_norm``/``k_norm``): probed on inputs with a non-zero mean, so a
+    LayerNorm or a norm over all heads at once does not pass."""
+    weight = getattr(norm, "weight", None)
+    if not isinstance(norm, nn.Module) or weight is None or tuple(weight.shape) != (head_dim,):
+        return False
+    x = torch.randn(2, 3, head_dim, generator=torch.Generator().manual_seed(0)) + 0.5
+    x = x.to(weight.dtype)
+    expected = nn.functional.rms_norm(x, (head_dim,), weight.detach(), _norm_eps(norm))
+    with torch.no_grad():
+        try:
+            return torch.allclose(norm(x), expected, rtol=0, atol=1e-5)
+        except (TypeError, ValueError, RuntimeError):
+            return False
 
 
 def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
@@ -234,11 +273,12 @@ def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
     x = torch.randn(1, 1, 4, head_dim, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([3, 50, 700, 9000])
     angles = positions[:, None] * rope_frequencies(head_dim)  # (4, head_dim / 2), float64
-    for angle in (torch.cat([angles, angles], -1), angles.repeat_interleave(2, -1)):  # (4, d)
+    # cos/sin once per pair of the layout (cat), repeated (Cohere), or half-width (gpt-oss)
+    for angle in (torch.cat([angles, angles], -1), angles.repeat_interleave(2, -1), angles):
         try:
             turned, _ = rotate(x, x, angle.cos().float()[None], angle.sin().float()[None])
-        except (TypeError, ValueError, RuntimeError):  # not Llama's arguments
-            return None
+        except (TypeError, ValueError, RuntimeError):  # not this width, or not Llama's arguments
+            continue
         for layout in ("rotate-half", "interleaved"):
             expected = apply_rope(x, positions, interleaved=layout == "interleaved")
             if torch.allclose(turned, expected, rtol=0, atol=1e-5):

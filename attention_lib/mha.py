@@ -97,6 +97,17 @@ class MultiHeadAttention(nn.Module):
             ``is_causal=True`` a query sees only itself and the ``window - 1``
             keys before it (chapter 9); the module then refuses calls without
             ``is_causal``. ``None`` (default) for no window.
+        qk_norm: QK-norm (Qwen3, OLMo 2): an ``nn.RMSNorm`` over each head's
+            width, with a learned weight, on the queries and on the keys,
+            before RoPE (chapter 13).
+        softcap: soft-capping (Gemma 2): scores become ``softcap *
+            tanh(scores / softcap)`` (chapter 13); ``backend="lib"`` only.
+        sink: one learned attention-sink logit per head (gpt-oss), a virtual
+            key with a zero value that takes a share of every row's softmax
+            (chapter 13); ``backend="lib"`` only.
+        gate: an output gate (Qwen3-Next): ``sigmoid(W_g x)``, from the
+            layer's input ``query``, multiplies the heads' concatenated output
+            before ``W_o`` (chapter 13).
         device: device of the parameters.
         dtype: dtype of the parameters.
 
@@ -116,6 +127,10 @@ class MultiHeadAttention(nn.Module):
         backend: name of the attention backend (assigning another name switches
             backend; an unknown name raises ``ValueError``).
         block_size: the tiled backend's block size, or ``None``.
+        q_norm, k_norm: the QK-norm ``nn.RMSNorm(d_k)`` modules, or ``None``.
+        softcap: the soft-cap, or ``None``.
+        sink: ``nn.Parameter`` of shape ``(H,)``, the sink logits, or ``None``.
+        W_g: the gate projection ``nn.Linear(d_model, d_model)``, or ``None``.
 
     Raises:
         TypeError: if ``d_model``/``num_heads``/``block_size`` are not ints,
@@ -151,6 +166,10 @@ class MultiHeadAttention(nn.Module):
         rope_base: float | None = None,
         scale: float | None = None,
         window: int | None = None,
+        qk_norm: bool = False,
+        softcap: float | None = None,
+        sink: bool = False,
+        gate: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -170,18 +189,30 @@ class MultiHeadAttention(nn.Module):
         self.rope_base = rope_base
         self.scale = None if scale is None else check_real("scale", scale, above=0)
         self.window = None if window is None else check_int("window", window, minimum=1)
+        self.softcap = None if softcap is None else check_real("softcap", softcap, above=0)
+        factory = {"device": device, "dtype": dtype}
+        # Where attention goes (chapter 13): one learned sink logit per head (gpt-oss).
+        self.sink = (
+            nn.Parameter(torch.zeros(num_heads, **factory)) if check_bool("sink", sink) else None
+        )
         self.dropout = check_dropout_p(dropout, name="dropout")
         self.backend = backend  # checked by the property's setter
         if block_size is not None:
             check_choice("backend (with block_size)", backend, ["tiled"])
             block_size = check_block_size(block_size)
         self.block_size = block_size
-        factory = {"bias": check_bool("bias", bias), "device": device, "dtype": dtype}
+        linear = {"bias": check_bool("bias", bias), **factory}
         kv_width = self.num_kv_heads * self.d_k
-        self.W_q = nn.Linear(d_model, d_model, **factory)
-        self.W_k = nn.Linear(d_model, kv_width, **factory)
-        self.W_v = nn.Linear(d_model, kv_width, **factory)
-        self.W_o = nn.Linear(d_model, d_model, **factory)
+        self.W_q = nn.Linear(d_model, d_model, **linear)
+        self.W_k = nn.Linear(d_model, kv_width, **linear)
+        self.W_v = nn.Linear(d_model, kv_width, **linear)
+        self.W_o = nn.Linear(d_model, d_model, **linear)
+        # QK-norm (Qwen3, OLMo 2): RMSNorm over each head's width, before RoPE.
+        self.q_norm = self.k_norm = None
+        if check_bool("qk_norm", qk_norm):
+            self.q_norm, self.k_norm = (nn.RMSNorm(self.d_k, eps=1e-6, **factory) for _ in "qk")
+        # Output gate (Qwen3-Next): sigmoid(W_g x) scales the heads' output before W_o.
+        self.W_g = nn.Linear(d_model, d_model, **linear) if check_bool("gate", gate) else None
 
     @property
     def backend(self) -> str:
@@ -191,6 +222,8 @@ class MultiHeadAttention(nn.Module):
     @backend.setter
     def backend(self, name: str) -> None:
         check_choice("backend", name, tuple(BACKENDS))
+        if name != "lib" and (self.softcap is not None or self.sink is not None):
+            raise ValueError(f"softcap and sink are computed by backend='lib' only, not {name!r}")
         self._backend = name
 
     def extra_repr(self) -> str:
@@ -202,6 +235,10 @@ class MultiHeadAttention(nn.Module):
             "rope_base": self.rope_base,
             "scale": self.scale,
             "window": self.window,
+            "qk_norm": self.q_norm is not None or None,
+            "softcap": self.softcap,
+            "sink": self.sink is not None or None,
+            "gate": self.W_g is not None or None,
         }
         shown = [f"{k}={v!r}" for k, v in options.items() if v is not None]
         return ", ".join([f"d_model={self.d_model}, num_heads={self.num_heads}", *shown])
@@ -335,6 +372,8 @@ class MultiHeadAttention(nn.Module):
         as :meth:`forward` prepares them."""
         batch, q_len, _ = query.shape
         q, k, v = self._project(query, key, value)  # (B, H, Lq, d_k), 2 x (B, H_kv, Lk, d_k)
+        if self.q_norm is not None:  # QK-norm: unit RMS per head, then a learned weight
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_base is not None:
             q, k = self._rotate(q, k, positions)
         if kv_cache is not None:
@@ -344,6 +383,8 @@ class MultiHeadAttention(nn.Module):
             "dropout_p": self.dropout if self.training else 0.0,
             "scale": self.scale,
         }
+        if self.softcap is not None or self.sink is not None:  # the lib backend's options
+            options.update(softcap=self.softcap, sink=self.sink)
         weights = None
         if need_weights:  # a fused kernel cannot return the weights: the lib computation
             attended, weights = lib_attention(q, k, v, keep, **options)  # (B, H, Lq, ...)
@@ -352,6 +393,8 @@ class MultiHeadAttention(nn.Module):
                 options["block_size"] = self.block_size
             attended = BACKENDS[self.backend](q, k, v, keep, **options)  # (B, H, Lq, d_k)
         merged = attended.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, Lq, d_model)
+        if self.W_g is not None:  # output gate, from the layer's input
+            merged = merged * torch.sigmoid(self.W_g(query))  # (B, Lq, d_model)
         output = self.W_o(merged)  # (B, Lq, d_model)
         return (output, weights) if need_weights else output
 

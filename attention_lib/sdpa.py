@@ -17,7 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .masks import Causal, masked_softmax, with_causal
-from .validation import check_attention_args, check_mask
+from .validation import (
+    check_attention_args,
+    check_broadcast,
+    check_mask,
+    check_real,
+    check_same,
+    check_tensor,
+)
 
 #: Dtypes whose scores, softmax and weighted sum are computed in float32.
 _UPCAST = (torch.float16, torch.bfloat16)
@@ -32,6 +39,8 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
+    softcap: float | None = None,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Scaled dot-product attention that also returns the attention weights.
 
@@ -80,6 +89,14 @@ def scaled_dot_product_attention(
             :func:`~attention_lib.causal_mask`), also for ``Lq != Lk``. Combined
             with ``mask`` (a pair must be kept by both).
         scale: multiplier of the scores; defaults to ``1 / sqrt(d_k)``.
+        softcap: soft-capping (Gemma 2): the scaled scores become
+            ``softcap * tanh(scores / softcap)``, bounded by ``softcap``, before
+            the mask; ``None`` for none.
+        sink: attention-sink logits (gpt-oss), broadcastable to the leading
+            dims ``...`` (``(H,)`` for ``(B, H, L, d)`` inputs): every row gets
+            one more, virtual key with this logit and a zero value, which takes
+            a share of the softmax; the returned weights leave it out, so their
+            rows sum to less than 1. ``None`` for none.
 
     Returns:
         ``(output, weights)``: ``output`` of shape ``(..., Lq, d_v)`` and
@@ -115,8 +132,23 @@ def scaled_dot_product_attention(
         if mask is None
         else check_mask(mask, (*batch_shape, q_len, k_len), device=query.device)
     )
+    if softcap is not None:
+        check_real("softcap", softcap, above=0)
+    if sink is not None:
+        check_same("dtype", sink=check_tensor("sink", sink, min_dim=0).dtype, query=query.dtype)
+        check_broadcast("sink (the leading dims ...)", sink.shape, target=batch_shape)
     causal = Causal() if is_causal else None
-    return attend(query, key, value, keep, causal=causal, dropout_p=float(dropout_p), scale=scale)
+    return attend(
+        query,
+        key,
+        value,
+        keep,
+        causal=causal,
+        dropout_p=float(dropout_p),
+        scale=scale,
+        softcap=softcap,
+        sink=sink,
+    )
 
 
 def attend(
@@ -128,6 +160,8 @@ def attend(
     causal: Causal | None,
     dropout_p: float,
     scale: float | None,
+    softcap: float | None = None,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The core of :func:`~attention_lib.scaled_dot_product_attention`, without checks.
 
@@ -143,7 +177,17 @@ def attend(
         query, key, value = query.float(), key.float(), value.float()
 
     scores = query @ key.transpose(-2, -1) * scale  # (..., Lq, Lk)
-    weights = masked_softmax(scores, keep, dim=-1)  # (..., Lq, Lk)
+    if softcap is not None:  # Gemma 2: bounded scores, before the mask
+        scores = softcap * torch.tanh(scores / softcap)
+    if sink is None:
+        weights = masked_softmax(scores, keep, dim=-1)  # (..., Lq, Lk)
+    else:  # one virtual key per row, logit `sink`, value 0: it takes a share of the softmax
+        column = sink.to(scores.dtype)[..., None, None].expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, column], dim=-1)  # (..., Lq, Lk + 1)
+        if keep is not None:
+            always = torch.ones_like(column, dtype=torch.bool)  # the sink is never masked
+            keep = torch.cat([keep.expand(*column.shape[:-1], keep.shape[-1]), always], -1)
+        weights = masked_softmax(scores, keep, dim=-1)[..., :-1]  # (..., Lq, Lk): sum < 1
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     output = weights @ value  # (..., Lq, d_v)

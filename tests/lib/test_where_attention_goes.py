@@ -1,0 +1,131 @@
+"""Sinks, soft-capping, QK-norm and output gates (chapter 13's options).
+
+The converters' tests (test_convert.py) check them against the transformers layers
+that introduced them (gpt-oss sinks, Gemma 2 soft-capping, Qwen3 QK-norm); here:
+what each computes, cache parity, and the backends that refuse what they cannot do.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention_lib import LayerKVCache, MultiHeadAttention, scaled_dot_product_attention
+
+torch.manual_seed(0)
+Q, K, V = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+
+
+def test_a_sink_is_a_virtual_key_with_a_zero_value() -> None:
+    sink = torch.tensor([0.0, 2.0, -1.0])  # one logit per head
+    out, weights = scaled_dot_product_attention(Q, K, V, sink=sink)
+    scores = Q @ K.transpose(-2, -1) / 8**0.5  # (B, H, Lq, Lk)
+    extended = torch.cat([scores, sink[:, None, None].expand(2, 3, 4, 1)], -1)
+    expected = extended.softmax(-1)[..., :-1]  # the sink's share is dropped
+    torch.testing.assert_close(weights, expected)
+    torch.testing.assert_close(out, expected @ V)
+    assert bool((weights.sum(-1) < 1).all())
+    # a row with every key masked puts all its weight on the sink: a zero output
+    keep = torch.ones(4, 6, dtype=torch.bool)
+    keep[1] = False
+    out, weights = scaled_dot_product_attention(Q, K, V, keep, sink=sink)
+    assert torch.equal(weights[..., 1, :], torch.zeros(2, 3, 6))
+    assert torch.equal(out[..., 1, :], torch.zeros(2, 3, 8))
+
+
+def test_soft_capping_bounds_the_scores_before_the_mask() -> None:
+    out, weights = scaled_dot_product_attention(Q * 30, K, V, softcap=2.0, is_causal=True)
+    scores = 2.0 * torch.tanh((Q * 30) @ K.transpose(-2, -1) / 8**0.5 / 2.0)
+    mask = torch.ones(4, 6, dtype=torch.bool).tril()  # top-left: query i sees keys 0..i
+    torch.testing.assert_close(weights, scores.masked_fill(~mask, float("-inf")).softmax(-1))
+    assert out.shape == (2, 3, 4, 8)
+    # capped scores lie in (-2, 2): within a row, weights differ by less than e^4
+    seen = weights[..., -1, :4]  # the last query sees keys 0..3
+    assert float((seen.max(-1).values / seen.min(-1).values).max()) < torch.e**4
+
+
+@pytest.mark.parametrize(
+    "bad,error",
+    [
+        ({"softcap": 0.0}, ValueError),
+        ({"softcap": "2"}, TypeError),
+        ({"sink": torch.zeros(4)}, ValueError),  # 4 heads for 3
+        ({"sink": torch.zeros(3, dtype=torch.float64)}, TypeError),
+        ({"sink": [0.0, 0.0, 0.0]}, TypeError),
+    ],
+)
+def test_bad_sink_and_softcap_are_refused(bad, error) -> None:
+    with pytest.raises(error, match=next(iter(bad))):
+        scaled_dot_product_attention(Q, K, V, **bad)
+
+
+def test_fused_and_tiled_backends_refuse_sinks_and_soft_capping() -> None:
+    for backend in ("torch", "tiled"):
+        for option in ({"sink": True}, {"softcap": 30.0}):
+            with pytest.raises(ValueError, match="backend='lib' only"):
+                MultiHeadAttention(16, 2, backend=backend, **option)
+    mha = MultiHeadAttention(16, 2, sink=True)
+    with pytest.raises(ValueError, match="backend='lib' only"):
+        mha.backend = "torch"
+    assert mha.backend == "lib"
+
+
+def test_qk_norm_gives_every_head_unit_rms_before_rope() -> None:
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(32, 4, qk_norm=True, rope_base=100.0).eval()
+    x = torch.randn(2, 5, 32) * 50  # large inputs: logits would grow without the norm
+    q = mha.W_q(x).view(2, 5, 4, 8).transpose(1, 2)  # (B, H, L, d_k)
+    normed = mha.q_norm(q)
+    rms = normed.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-4, rtol=0)
+    _, weights = mha(x, x, x, need_weights=True)
+    assert bool((weights.max(-1).values < 1 - 1e-3).all())  # not saturated
+
+
+def test_the_gate_scales_the_heads_output_from_the_layers_input() -> None:
+    """A reference written from Qwen3-Next's attention: the heads' output times
+    sigmoid(gate(x)), then o_proj."""
+    torch.manual_seed(2)
+    gated = MultiHeadAttention(16, 2, gate=True).eval()
+    plain = MultiHeadAttention(16, 2).eval()
+    plain.load_state_dict(gated.state_dict(), strict=False)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        heads = plain(x, x, x, is_causal=True) - plain.W_o.bias  # (B, L, d) after W_o
+        merged = torch.linalg.lstsq(plain.W_o.weight, heads.reshape(-1, 16).T).solution.T
+        expected = F.linear(merged.view(2, 5, 16) * torch.sigmoid(gated.W_g(x)), plain.W_o.weight)
+        torch.testing.assert_close(gated(x, x, x, is_causal=True), expected + plain.W_o.bias,
+                                   atol=1e-4, rtol=0)  # fmt: skip
+
+
+CHUNKS = (5, 1, 1, 3, 1)
+
+
+@pytest.mark.parametrize(
+    "backend,options",
+    [
+        ("lib", {"sink": True}),
+        ("lib", {"softcap": 3.0, "window": 4}),
+        ("lib", {"sink": True, "softcap": 3.0, "qk_norm": True, "gate": True, "rope_base": 50.0}),
+        *[
+            (b, {"qk_norm": True, "gate": True, "num_kv_heads": 2})
+            for b in ("lib", "torch", "tiled")
+        ],
+    ],
+)
+def test_every_option_keeps_cache_parity(backend, options) -> None:
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(32, 4, backend=backend, dtype=torch.float64, **options).eval()
+    with torch.no_grad():
+        if mha.sink is not None:
+            mha.sink.normal_()
+    x = torch.randn(2, sum(CHUNKS), 32, dtype=torch.float64)
+    with torch.no_grad():
+        full = mha(x, x, x, is_causal=True)
+        cache, parts, start = LayerKVCache(), [], 0
+        for n in CHUNKS:
+            chunk = x[:, start : start + n]
+            parts.append(mha(chunk, chunk, chunk, is_causal=True, kv_cache=cache))
+            start += n
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-12, rtol=0)
