@@ -40,9 +40,9 @@ def test_soft_capping_bounds_the_scores_before_the_mask() -> None:
     mask = torch.ones(4, 6, dtype=torch.bool).tril()  # top-left: query i sees keys 0..i
     torch.testing.assert_close(weights, scores.masked_fill(~mask, float("-inf")).softmax(-1))
     assert out.shape == (2, 3, 4, 8)
-    # capped scores lie in (-2, 2): within a row, weights differ by less than e^4
+    # capped scores lie in [-2, 2]: within a row, weights differ by at most e^4
     seen = weights[..., -1, :4]  # the last query sees keys 0..3
-    assert float((seen.max(-1).values / seen.min(-1).values).max()) < torch.e**4
+    assert float((seen.max(-1).values / seen.min(-1).values).max()) <= torch.e**4 * 1.0001
 
 
 @pytest.mark.parametrize(
