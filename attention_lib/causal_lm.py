@@ -163,7 +163,10 @@ class CausalLM(nn.Module):
 
     def check_cache(self, cache: object) -> int:
         """Refuse a ``cache`` that this model cannot continue (another number of
-        layers, or a rolling window that is too small); return the number of
+        layers, a rolling window that is too small, or sink tokens with a
+        windowed model: they would make its window's positions wrong; a model
+        without a window reads a cache with ``sink_tokens`` as StreamingLLM
+        does, chapter 13); return the number of
         tokens it has seen. Each layer's attention checks that its own cache
         holds the right batch, heads, width and dtype.
 
@@ -172,7 +175,10 @@ class CausalLM(nn.Module):
             ValueError: naming what does not fit.
         """
         check_instance("cache", cache, KVCache, "a KVCache or None")
-        if cache.window is not None and (self.window is None or cache.window < self.window):
+        if cache.sink_tokens is not None and self.window is not None:  # positions not contiguous
+            raise ValueError("a cache with sink_tokens is for a model without a window")
+        drops = cache.window is not None and (self.window is None or cache.window < self.window)
+        if drops and cache.sink_tokens is None:  # StreamingLLM's cache drops keys on purpose
             raise ValueError(f"cache window={cache.window} < the model's window={self.window}")
         if cache.layers and len(cache.layers) != self.num_layers:
             raise ValueError(f"cache holds {len(cache.layers)} layers, not {self.num_layers}")

@@ -31,6 +31,15 @@ def _nbytes(t: Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def _check_sinks(sink_tokens: object, window: object) -> int | None:
+    """``sink_tokens`` is ``None``, or an int ``>= 0`` with a ``window``."""
+    if sink_tokens is None:
+        return None
+    if window is None:
+        raise ValueError("sink_tokens needs a window (the cache keeps sinks + the last window)")
+    return check_int("sink_tokens", sink_tokens, minimum=0)
+
+
 class LayerKVCache:
     """The cached keys and values of one attention layer.
 
@@ -42,19 +51,25 @@ class LayerKVCache:
     Args:
         window: keep only the last ``window`` positions (a rolling cache for
             sliding-window attention, chapter 9); ``None`` keeps all.
+        sink_tokens: with a ``window``, also keep the first ``sink_tokens``
+            positions for ever (StreamingLLM, chapter 13): the cache holds the
+            sinks, then the last ``window`` positions. ``None`` (default) for a
+            plain rolling cache.
 
     Attributes:
         key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
         value: ``(B, H_kv, T, d_k)`` cached values, or ``None`` while empty.
         window: the rolling window, or ``None``.
-        dropped: how many of the oldest positions a rolling cache has dropped;
+        sink_tokens: the positions kept for ever, or ``None``.
+        dropped: how many positions a rolling cache has dropped; without sinks
             the cached keys belong to positions ``dropped .. dropped + T - 1``.
     """
 
-    def __init__(self, window: int | None = None) -> None:
+    def __init__(self, window: int | None = None, sink_tokens: int | None = None) -> None:
         self.key: Tensor | None = None
         self.value: Tensor | None = None
         self.window = None if window is None else check_int("window", window, minimum=1)
+        self.sink_tokens = _check_sinks(sink_tokens, window)
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -107,11 +122,14 @@ class LayerKVCache:
             key = torch.cat([self.key, key], dim=-2)  # (B, H_kv, T + L_new, d_k)
             value = torch.cat([self.value, value], dim=-2)
         self.key, self.value = key, value
-        if self.window is not None and len(self) > self.window:
-            drop = len(self) - self.window
-            # clone: a slice would keep the whole concatenation alive
-            self.key = key[..., drop:, :].clone()  # (B, H_kv, window, d_k)
-            self.value = value[..., drop:, :].clone()
+        sinks = self.sink_tokens or 0
+        if self.window is not None and len(self) > sinks + self.window:
+            drop = len(self) - sinks - self.window
+            # cat/clone: a slice would keep the whole concatenation alive
+            self.key, self.value = (
+                torch.cat([t[..., :sinks, :], t[..., sinks + drop :, :]], dim=-2)
+                for t in (key, value)
+            )  # (B, H_kv, sinks + window, d_k)
             self.dropped += drop
         return key, value
 
@@ -129,6 +147,9 @@ class KVCache:
         window: keep only the last ``window`` tokens in every layer (a rolling
             cache for a model with a sliding window, chapter 9); ``None``
             keeps all.
+        sink_tokens: with a ``window``, also keep the first ``sink_tokens``
+            tokens for ever (StreamingLLM, chapter 13); a model without a
+            window then attends to the sinks and the last ``window`` tokens.
 
     Attributes:
         layers: one :class:`LayerKVCache` per attention layer (created on first use).
@@ -140,14 +161,15 @@ class KVCache:
         (0, 0)
     """
 
-    def __init__(self, window: int | None = None) -> None:
+    def __init__(self, window: int | None = None, sink_tokens: int | None = None) -> None:
         self.layers: list[LayerKVCache] = []
         self.window = None if window is None else check_int("window", window, minimum=1)
+        self.sink_tokens = _check_sinks(sink_tokens, window)
 
     def layer(self, index: int) -> LayerKVCache:
         """The cache of layer ``index`` (created empty the first time it is asked for)."""
         while len(self.layers) <= index:
-            self.layers.append(LayerKVCache(self.window))
+            self.layers.append(LayerKVCache(self.window, self.sink_tokens))
         return self.layers[index]
 
     def __len__(self) -> int:
@@ -168,6 +190,7 @@ class KVCache:
 
     def __repr__(self) -> str:
         window = "" if self.window is None else f"window={self.window}, "
+        window += "" if self.sink_tokens is None else f"sink_tokens={self.sink_tokens}, "
         return (
             f"KVCache({window}layers={len(self.layers)}, tokens={len(self)}, nbytes={self.nbytes})"
         )

@@ -129,3 +129,44 @@ def test_every_option_keeps_cache_parity(backend, options) -> None:
             parts.append(mha(chunk, chunk, chunk, is_causal=True, kv_cache=cache))
             start += n
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-12, rtol=0)
+
+
+def test_a_streaming_cache_keeps_the_sinks_and_the_last_window() -> None:
+    cache = LayerKVCache(window=3, sink_tokens=2)
+    for p in range(10):  # one position at a time; the key holds its position
+        cache.update(torch.full((1, 1, 1, 1), float(p)), torch.zeros(1, 1, 1, 1))
+    assert cache.key.flatten().tolist() == [0, 1, 7, 8, 9] and cache.position == 10
+    with pytest.raises(ValueError, match="window"):
+        LayerKVCache(sink_tokens=2)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        LayerKVCache(window=3, sink_tokens=-1)
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_streaming_llm_attends_to_the_sinks_and_the_recent_window(positional) -> None:
+    """A model without a window and KVCache(window=w, sink_tokens=s): after the
+    prompt, token p attends to tokens 0..s-1 and p-w..p (StreamingLLM)."""
+    from attention_lib import CausalLM, KVCache, causal_mask
+
+    torch.manual_seed(4)
+    model = CausalLM(13, 32, 4, 2, max_len=40, positional=positional).eval().double()
+    tokens, prompt, w, s = torch.randint(13, (2, 20)), 5, 4, 2
+    with torch.no_grad():
+        cache = KVCache(window=w, sink_tokens=s)
+        steps = [model(tokens[:, :prompt], cache=cache)]
+        steps += [model(tokens[:, p : p + 1], cache=cache) for p in range(prompt, 20)]
+        streamed = torch.cat(steps, 1)
+        keep = causal_mask(20)
+        keep[prompt:] &= causal_mask(20, window=w + 1)[prompt:] | (torch.arange(20) < s)
+        # the same model in one pass, every layer under the StreamingLLM mask
+        for layer in model.blocks.layers:
+            layer.self_attn.register_forward_pre_hook(
+                lambda m, args, kwargs: (args[:3] + (keep,), {**kwargs, "is_causal": False}),
+                with_kwargs=True,
+            )
+        reference = model(tokens)
+    assert len(cache) == s + w and cache.position == 20
+    torch.testing.assert_close(streamed, reference, atol=1e-10, rtol=0)
+    windowed = CausalLM(13, 32, 4, 2, max_len=40, window=4)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        windowed(tokens[:, :3], cache=KVCache(window=4, sink_tokens=2))
