@@ -1,7 +1,8 @@
-"""The explicit allow-list of cosmetic browser errors on the built book.
+"""The explicit allow-list of browser errors on the built book, each with its reason.
 
-Anything else logged as a console error, any other uncaught exception, and any request to
-another host (which an offline reader cannot make) fails the browser suite.
+Anything else logged as a console error, any other uncaught exception, any request of the
+book's own host that fails (an HTTP error, or no answer) and any request to another host
+(which an offline reader cannot make) fails the browser suite.
 """
 
 from __future__ import annotations
@@ -10,17 +11,10 @@ import re
 
 from bookpages import Tab
 
-# (message regex, source-URL regex, why it is cosmetic)
-ALLOWED_CONSOLE_ERRORS = [
-    (
-        r"^Got invalid theme mode: \. Resetting to auto\.$",
-        r"/_static/scripts/pydata-sphinx-theme\.js",
-        # pydata-sphinx-theme 0.16/0.17 logs this on a reader's first visit (nothing in
-        # localStorage yet; sphinx-book-theme rejects the `default_mode` theme option
-        # that would set it). The theme then uses "auto": light or dark like the OS.
-        "first visit: the colour mode falls back to auto",
-    ),
-]
+# (message regex, source-URL regex, why it cannot be fixed). Empty: pydata-sphinx-theme
+# logged "Got invalid theme mode: . Resetting to auto." on a reader's first visit to every
+# page until _config.yml gave the theme its default colour mode (html_context).
+ALLOWED_CONSOLE_ERRORS: list[tuple[str, str, str]] = []
 
 # (exception-message regex, why it is cosmetic). Empty: sphinx-thebe's config script used
 # to be inlined twice ("Identifier 'THEBE_JS_URL' has already been declared"), until
@@ -30,6 +24,10 @@ ALLOWED_PAGE_ERRORS: list[tuple[str, str]] = []
 # (URL regex, why) for hosts the pages may try to reach although an offline reader gets
 # nothing from them. Empty: the book is self-contained (MathJax included).
 ALLOWED_BLOCKED: list[tuple[str, str]] = []
+
+# (URL regex, why) for requests of the book's own host that may fail. Empty: every file a
+# page asks for is in the built site (the favicon too: _config.yml's html.favicon).
+ALLOWED_FAILED: list[tuple[str, str]] = []
 
 
 def problems(tab: Tab) -> dict[str, list]:
@@ -47,10 +45,12 @@ def problems(tab: Tab) -> dict[str, list]:
     uncaught = [
         e for e in tab.page_errors if not any(re.search(m, e) for m, _ in ALLOWED_PAGE_ERRORS)
     ]
+    failed = [f for f in tab.failed if not any(re.search(p, f) for p, _ in ALLOWED_FAILED)]
     return {
         k: v
         for k, v in {
             "blocked requests": blocked,
+            "failed requests": failed,
             "console errors": console,
             "uncaught exceptions": uncaught,
         }.items()

@@ -130,6 +130,8 @@ class Tab:
     blocked: list[str] = field(default_factory=list)
     console_errors: list[tuple[str, str]] = field(default_factory=list)  # (text, source url)
     page_errors: list[str] = field(default_factory=list)
+    # Requests of the book's own host that failed (an HTTP error status, or no answer).
+    failed: list[str] = field(default_factory=list)  # "404 <url>" or "<error> <url>"
     response: object = None  # of the first load, for pages loaded once per session
 
     def url(self, docname: str) -> str:

@@ -152,8 +152,21 @@ def _new_tab(context, base_url: str) -> Tab:
         if msg.type == "error":
             tab.console_errors.append((msg.text, msg.location.get("url", "")))
 
+    def response(r) -> None:
+        if r.status >= 400:
+            tab.failed.append(f"{r.status} {r.url}")
+
+    def request_failed(r) -> None:
+        error = r.failure or ""
+        # Requests to other hosts are aborted on purpose (tab.blocked); a request the
+        # browser cancels because the reader moved on to another page is no failure.
+        if r.url not in tab.blocked and "ERR_ABORTED" not in error:
+            tab.failed.append(f"{error} {r.url}")
+
     page.on("console", console)
     page.on("pageerror", lambda exc: tab.page_errors.append(getattr(exc, "message", str(exc))))
+    page.on("response", response)
+    page.on("requestfailed", request_failed)
     return tab
 
 
@@ -214,9 +227,20 @@ def phone_tab(tab_at: Callable[..., Tab], base_url: str) -> Tab:
     return tab_at(base_url, PHONE)
 
 
+# Pages loaded once per session are each read as on a reader's first visit: nothing the
+# site saved on an earlier page (the theme's colour mode, say) is left in localStorage.
+FIRST_VISIT_JS = "try { window.localStorage.clear(); } catch (e) {}"
+
+
+def _first_visit_context(browser, base_url: str, screen: dict):
+    context = _new_context(browser, base_url, screen)
+    context.add_init_script(FIRST_VISIT_JS)
+    return context
+
+
 @pytest.fixture(scope="session")
 def _loaded_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Tab]]]:
-    context = _new_context(browser, base_url)
+    context = _first_visit_context(browser, base_url, DESKTOP)
     try:
         yield context, {}
     finally:
@@ -225,7 +249,7 @@ def _loaded_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Ta
 
 @pytest.fixture(scope="session")
 def _loaded_phone_pages(browser, base_url: str) -> Iterator[tuple[object, dict[str, Tab]]]:
-    context = _new_context(browser, base_url, PHONE)
+    context = _first_visit_context(browser, base_url, PHONE)
     try:
         yield context, {}
     finally:

@@ -60,9 +60,21 @@ def test_page_loads_with_its_title(loaded, docname: str) -> None:
     assert words(title) and not missing, f"{docname}: title {shown!r} lacks {missing} of {title!r}"
 
 
-def test_no_console_errors(loaded, docname: str) -> None:
+def test_no_console_errors_and_no_failed_requests(loaded, loaded_phone, docname: str) -> None:
+    """On a reader's first visit, at 1280 x 900 and at 390 x 844 (allowed_errors.py)."""
+    for where, tab in (("desktop", loaded(docname)), ("phone", loaded_phone(docname))):
+        assert not problems(tab), f"{docname} on a {where}: {problems(tab)}"
+
+
+def test_the_page_has_a_local_favicon(loaded, docname: str) -> None:
+    """Without one, browsers ask the server for /favicon.ico, which is not there."""
     tab = loaded(docname)
-    assert not problems(tab), f"{docname}: {problems(tab)}"
+    hrefs = tab.page.evaluate(
+        "() => [...document.querySelectorAll('link[rel~=\"icon\"]')].map(l => l.href)"
+    )
+    assert len(hrefs) == 1 and hrefs[0].startswith(tab.base_url), f"{docname}: icons {hrefs}"
+    response = tab.page.request.get(hrefs[0])
+    assert response.ok and response.headers["content-type"].startswith("image/"), hrefs[0]
 
 
 def test_math_is_typeset_offline(loaded, docname: str) -> None:
