@@ -20,6 +20,8 @@ Explained in chapter 8, *Attention that writes*.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -63,6 +65,9 @@ class CausalLM(nn.Module):
         window: sliding-window attention (chapter 9): position ``i`` sees the
             tokens ``i - window < j <= i`` only; generation then keeps a rolling
             cache of ``window`` tokens. ``None`` for plain causal attention.
+        **attention: further options of every layer's
+            :class:`~attention_lib.MultiHeadAttention`: ``qk_norm``,
+            ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
 
     Shapes:
         - tokens: ``(B, L)`` integer ids; with a cache of ``T`` tokens,
@@ -86,6 +91,7 @@ class CausalLM(nn.Module):
         num_kv_heads: int | None = None,
         rope_base: float = 10000.0,
         window: int | None = None,
+        **attention: Any,
     ) -> None:
         super().__init__()
         check_choice("positional", positional, DECODER_POSITIONAL_KINDS)
@@ -109,6 +115,7 @@ class CausalLM(nn.Module):
             num_kv_heads=num_kv_heads,
             rope_base=rope_base if positional == "rope" else None,
             window=window,
+            **attention,
         )
         self.head = nn.Linear(d_model, vocab_size)
 

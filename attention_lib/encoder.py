@@ -24,6 +24,8 @@ Explained in chapter 7, *Attention that has learned something*.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -200,15 +202,11 @@ class EncoderLayer(nn.Module):
         num_heads: number of attention heads (must divide ``d_model``).
         d_ff: hidden width of the feed-forward block; defaults to ``4 * d_model``.
         dropout: dropout on attention weights and after each block (``train()`` only).
-        backend: attention backend of the self-attention (see
-            :class:`~attention_lib.MultiHeadAttention`); ``need_weights=True``
-            always computes with the lib backend.
-        num_kv_heads: key/value heads of the self-attention (grouped-query
-            attention, chapter 9); ``None`` means ``num_heads``.
-        rope_base: rotary position embeddings in the self-attention with this
-            base (chapter 9); ``None`` for none.
-        window: a causal sliding window of the self-attention (chapter 9);
-            ``None`` for none.
+        **attention: keyword options of the self-attention, a
+            :class:`~attention_lib.MultiHeadAttention`: ``backend`` (whatever
+            it is, ``need_weights=True`` computes with the lib backend),
+            ``num_kv_heads``, ``rope_base`` and ``window`` (chapter 9),
+            ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
 
     A building block: its ``forward`` checks nothing itself; its
     self-attention, a :class:`~attention_lib.MultiHeadAttention`, validates
@@ -228,11 +226,7 @@ class EncoderLayer(nn.Module):
         num_heads: int,
         d_ff: int | None = None,
         dropout: float = 0.0,
-        *,
-        backend: str = "lib",
-        num_kv_heads: int | None = None,
-        rope_base: float | None = None,
-        window: int | None = None,
+        **attention: Any,
     ) -> None:
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
@@ -242,10 +236,7 @@ class EncoderLayer(nn.Module):
             d_model,
             num_heads,
             dropout=dropout,
-            backend=backend,
-            num_kv_heads=num_kv_heads,
-            rope_base=rope_base,
-            window=window,
+            **attention,
         )
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
@@ -315,10 +306,8 @@ class Encoder(nn.Module):
         num_layers: number of layers.
         d_ff: hidden width of the feed-forward blocks; defaults to ``4 * d_model``.
         dropout: dropout probability (``train()`` only).
-        backend: attention backend of every layer (see :class:`EncoderLayer`).
-        num_kv_heads: key/value heads of every layer (see :class:`EncoderLayer`).
-        rope_base: RoPE base of every layer (see :class:`EncoderLayer`).
-        window: sliding window of every layer (see :class:`EncoderLayer`).
+        **attention: the self-attention options of every layer (see
+            :class:`EncoderLayer`).
 
     Shapes:
         - x: ``(B, L, d_model)``
@@ -334,11 +323,7 @@ class Encoder(nn.Module):
         num_layers: int,
         d_ff: int | None = None,
         dropout: float = 0.0,
-        *,
-        backend: str = "lib",
-        num_kv_heads: int | None = None,
-        rope_base: float | None = None,
-        window: int | None = None,
+        **attention: Any,
     ) -> None:
         super().__init__()
         check_int("num_layers", num_layers, minimum=1)
@@ -349,10 +334,7 @@ class Encoder(nn.Module):
                 num_heads,
                 d_ff,
                 dropout,
-                backend=backend,
-                num_kv_heads=num_kv_heads,
-                rope_base=rope_base,
-                window=window,
+                **attention,
             )
             for _ in range(num_layers)
         )

@@ -170,3 +170,21 @@ def test_streaming_llm_attends_to_the_sinks_and_the_recent_window(positional) ->
     windowed = CausalLM(13, 32, 4, 2, max_len=40, window=4)
     with pytest.raises(ValueError, match="sink_tokens"):
         windowed(tokens[:, :3], cache=KVCache(window=4, sink_tokens=2))
+
+
+def test_models_pass_the_options_to_every_attention_layer() -> None:
+    from attention_lib import CausalLM, KVCache
+
+    torch.manual_seed(5)
+    options = {"qk_norm": True, "sink": True, "gate": True, "softcap": 20.0}
+    model = CausalLM(11, 32, 4, 2, max_len=20, positional="rope", **options).eval().double()
+    attention = model.blocks.layers[1].self_attn
+    assert attention.q_norm is not None and attention.sink is not None
+    assert attention.W_g is not None and attention.softcap == 20.0
+    tokens = torch.randint(11, (2, 9))
+    with torch.no_grad():
+        cache = KVCache()
+        steps = [model(tokens[:, :4], cache=cache)] + [
+            model(tokens[:, p : p + 1], cache=cache) for p in range(4, 9)
+        ]
+        torch.testing.assert_close(torch.cat(steps, 1), model(tokens), atol=1e-10, rtol=0)
