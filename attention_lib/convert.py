@@ -89,6 +89,14 @@ def from_torch(module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiH
     return ours.train(module.training)
 
 
+def from_hf(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
+    """:func:`from_hf_llama` under its general name: any transformers attention
+    layer this package can reproduce (chapter 9's Llama, Mistral, Qwen2-style
+    windows; Qwen3's QK-norm, Gemma 2's soft-capping and gpt-oss's sinks, the
+    features of chapter 13), or a ``ValueError`` naming what it cannot."""
+    return from_hf_llama(module, backend=backend)
+
+
 def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
     """Build the module that computes the same function as a 🤗 transformers
     ``LlamaAttention``, or as another layer with the same computation.

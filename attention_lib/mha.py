@@ -459,3 +459,13 @@ class MultiHeadAttention(nn.Module):
         from .convert import from_hf_llama
 
         return from_hf_llama(module, backend=backend)
+
+    @classmethod
+    def from_hf(cls, module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
+        """The module that computes the same function as a 🤗 transformers
+        attention layer, or a ``ValueError`` naming what it cannot reproduce:
+        see :func:`attention_lib.convert.from_hf` (:meth:`from_hf_llama`'s
+        general name)."""
+        from .convert import from_hf
+
+        return from_hf(module, backend=backend)

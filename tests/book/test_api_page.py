@@ -37,6 +37,7 @@ SUBMODULE_ONLY = {
     "attention_lib.backends.lib_attention",
     "attention_lib.convert.from_torch",
     "attention_lib.convert.from_hf_llama",
+    "attention_lib.convert.from_hf",
     "attention_lib.masks.Causal",
     "attention_lib.masks.with_causal",
     "attention_lib.sdpa.attend",

@@ -353,3 +353,10 @@ def test_from_torch_refuses_what_it_cannot_reproduce(options, keyword):
         from_torch(nn.MultiheadAttention(16, 4, **{"batch_first": True, **options}))
     with pytest.raises(TypeError, match="nn.MultiheadAttention"):
         from_torch(nn.Linear(4, 4))
+
+
+def test_from_hf_is_the_general_name() -> None:
+    hf = HF("qwen3")
+    module = MultiHeadAttention.from_hf(hf.layer)
+    assert module.q_norm is not None
+    torch.testing.assert_close(ours(module, X), hf(X), atol=1e-5, rtol=0)
