@@ -14,3 +14,64 @@ document.addEventListener("DOMContentLoaded", () => {
   };
   document.querySelectorAll(".bd-article .cell_output img").forEach(mark);
 });
+
+// The language switch keeps the reader's place: its link to the same page in the other
+// edition (book/_ext/afs_site.py, _templates/language-switch.html) gets the section being
+// read as its #fragment. The editions share their section ids (Sphinx makes them from the
+// English titles before it translates them). The place is the URL's own #fragment until
+// the reader scrolls away from it, then the innermost section whose heading has scrolled
+// past the top quarter of the window; at the top of the page there is none.
+// Arriving at a #fragment, the browser jumps before the formulas are typeset and the
+// figures loaded, which push the section down the page: once MathJax is done, the page
+// jumps to it again (unless the reader has scrolled meanwhile).
+document.addEventListener("DOMContentLoaded", () => {
+  const link = document.querySelector("a.afs-language-switch");
+  const target = () => {
+    const id = decodeURIComponent(window.location.hash.slice(1));
+    return id ? document.getElementById(id) : null;
+  };
+  let scrolledByReader = false;
+  const reader = () => { scrolledByReader = true; };
+  window.addEventListener("wheel", reader, { passive: true });
+  window.addEventListener("touchmove", reader, { passive: true });
+  window.addEventListener("keydown", (e) => {
+    if (["PageUp", "PageDown", "ArrowUp", "ArrowDown", "Home", "End", " "].includes(e.key)) {
+      reader();
+    }
+  });
+  window.addEventListener("pointerdown", (e) => {  // the page's scroll bar
+    if (e.target === document.documentElement) reader();
+  });
+  window.addEventListener("load", () => {
+    const typeset = window.MathJax?.startup?.promise ?? Promise.resolve();
+    typeset.then(() => requestAnimationFrame(() => {
+      const t = target();
+      if (t && !scrolledByReader) t.scrollIntoView({ block: "start", behavior: "instant" });
+    }));
+  });
+  if (!link) return;
+  const page = link.getAttribute("href").split("#")[0];
+  const onScreen = (el) => {
+    const r = el.getBoundingClientRect();
+    return r.bottom > 0 && r.top < window.innerHeight;
+  };
+  const place = () => {
+    const t = target();
+    if (t && (!scrolledByReader || onScreen(t))) return window.location.hash;
+    const line = window.innerHeight / 4;
+    const sections = [...document.querySelectorAll("article.bd-article section[id]")];
+    const read = sections.filter((s) => s.getBoundingClientRect().top <= line).pop();
+    // The page's own section (its H1) is the top of the page: no fragment.
+    return read && read !== sections[0] ? `#${encodeURIComponent(read.id)}` : "";
+  };
+  const update = () => link.setAttribute("href", page + place());
+  let pending = false;
+  window.addEventListener("scroll", () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; update(); });
+  }, { passive: true });
+  window.addEventListener("hashchange", () => { scrolledByReader = false; update(); });
+  ["click", "auxclick", "contextmenu", "focus"].forEach((e) => link.addEventListener(e, update));
+  update();
+});

@@ -15,7 +15,7 @@ from urllib.parse import urljoin
 
 import pytest
 from allowed_errors import problems
-from bookpages import EDITION, PAGES, SITE_DIR, Tab, built_html
+from bookpages import EDITION, NOTEBOOK_PAGES, PAGES, SITE_DIR, Tab, built_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import i18n  # noqa: E402
@@ -37,7 +37,7 @@ def test_language_switch_leads_to_the_same_page_and_back(loaded, docname: str) -
     assert link.count() == 1, f"{docname}: {link.count()} language switches"
     assert link.is_visible(), f"{docname}: the language switch is hidden"
     assert link.get_attribute("hreflang") == LANG[OTHER[EDITION]]
-    there = urljoin(tab.page.url, link.get_attribute("href"))
+    there = urljoin(tab.page.url, link.get_attribute("href")).split("#")[0]  # no place yet
     expected = tab.base_url.removesuffix("zh/") + ("zh/" if EDITION == "en" else "")
     assert there == f"{expected}{docname}.html", (docname, there)
     response = tab.page.request.get(there)
@@ -60,6 +60,89 @@ def test_language_switch_works_on_a_phone(phone_tab: Tab) -> None:
     assert url.endswith(f"{docname}.html") and url != phone_tab.url(docname), url
     assert phone_tab.page.evaluate("document.documentElement.lang") == LANG[OTHER[EDITION]]
     assert not problems(phone_tab), problems(phone_tab)
+
+
+def section_ids(html: str) -> list[str]:
+    """The ids of the article's sections, in order, the page's own (its H1's) first."""
+    from bs4 import BeautifulSoup
+
+    article = BeautifulSoup(html, "html.parser").select_one("article")
+    return [s["id"] for s in article.select("section[id]")] if article else []
+
+
+def test_both_editions_give_a_page_the_same_section_ids(docname: str) -> None:
+    """So that a #fragment leads to the same section in the other edition."""
+    here = section_ids(built_html(docname))
+    there_dir = SITE_DIR / ("zh" if EDITION == "en" else "")
+    there = section_ids((there_dir / f"{docname}.html").read_text(encoding="utf-8"))
+    assert here and here == there, f"{docname}: {set(here) ^ set(there)}"
+
+
+# A chapter with sections to jump to: the first with at least four besides its own.
+PLACE_PAGE = next(d for d in NOTEBOOK_PAGES if len(section_ids(built_html(d))) >= 5)
+
+
+# The page in its final layout: formulas typeset, every figure loaded (lazy ones too).
+LAID_OUT_JS = """async () => {
+    document.querySelectorAll('img[loading="lazy"]').forEach(i => i.loading = 'eager');
+    await Promise.all([...document.images].map(i => i.decode().catch(() => null)));
+    await window.MathJax?.startup?.promise;
+}"""
+
+
+def _switch(tab: Tab, screen: str) -> str:
+    """Follow the language switch (a tap on a phone); the URL it lands on."""
+    # At the link's place on the screen: Playwright's own click would first scroll the
+    # sticky header's link "into view", moving the page away from the reader's place.
+    box = tab.page.locator(SWITCH).bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    assert 0 <= y <= tab.page.viewport_size["height"], f"the switch is off screen: {box}"
+    with tab.page.expect_navigation(wait_until="load"):
+        tab.page.touchscreen.tap(x, y) if screen == "phone" else tab.page.mouse.click(x, y)
+    return tab.page.url
+
+
+def _at_top(tab: Tab, section: str) -> bool:
+    """The section's heading is in the top quarter of the window."""
+    return tab.page.locator(f'section[id="{section}"]').evaluate(
+        "s => { const t = s.getBoundingClientRect().top;"
+        " return t > -2 && t < window.innerHeight / 4 && window.scrollY > 0; }"
+    )
+
+
+@pytest.mark.parametrize("screen", ["desktop", "phone"])
+def test_language_switch_keeps_the_place(tab_at, base_url: str, screen: str) -> None:
+    """Issue 29 item 7: the #fragment goes along, there and back, and so does the section
+    the reader has scrolled to without one."""
+    from conftest import DESKTOP, PHONE
+
+    tab = tab_at(base_url, PHONE if screen == "phone" else DESKTOP)
+    ids = section_ids(built_html(PLACE_PAGE))
+    section = ids[len(ids) // 2]
+    here = tab.url(PLACE_PAGE)
+    there = tab.base_url.removesuffix("zh/") + ("zh/" if EDITION == "en" else "") + (
+        f"{PLACE_PAGE}.html"
+    )
+    tab.open(PLACE_PAGE, f"#{section}")
+    assert _switch(tab, screen) == f"{there}#{section}", "the switch dropped the #fragment"
+    assert tab.page.evaluate("document.documentElement.lang") == LANG[OTHER[EDITION]]
+    tab.page.wait_for_function(
+        "id => document.getElementById(id).getBoundingClientRect().top < innerHeight / 4",
+        arg=section,
+    )
+    assert _at_top(tab, section), f"the {OTHER[EDITION]} page did not open at #{section}"
+    assert _switch(tab, screen) == f"{here}#{section}", "the way back dropped the #fragment"
+    # Without a fragment: the section scrolled to is the place.
+    tab.page.goto("about:blank")
+    tab.open(PLACE_PAGE)
+    later = ids[len(ids) // 2 + 1]  # not the last ones: the page ends before they reach the top
+    tab.page.evaluate(LAID_OUT_JS)
+    tab.page.locator(f'section[id="{later}"]').evaluate(
+        "s => window.scrollTo(0, s.getBoundingClientRect().top + window.scrollY)"
+    )
+    tab.page.wait_for_timeout(100)  # the scroll event's animation frame
+    assert _switch(tab, screen) == f"{there}#{later}", "the switch lost the section scrolled to"
+    assert not problems(tab), problems(tab)
 
 
 # --- The built Chinese pages --------------------------------------------------------------
