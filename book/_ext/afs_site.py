@@ -217,6 +217,62 @@ def _language_links(
     )
 
 
+# The paragraph of a docstring that names the chapters explaining it ("Explained in chapter
+# 6, *Multi-head attention*; backends also in chapter 10, ..."), up to its blank line, and
+# each mention of chapters in it: "chapter 6", "chapters 2 and 3", "chapters 8-9".
+_EXPLAINED_IN = re.compile(r"^\s*Explained in\b")
+_CHAPTERS = re.compile(r"\b(chapters?)(\s+)((?:\d+(?:,\s+|\s+and\s+|\s+or\s+|-))*\d+)\b")
+_CHAPTER_FILE = re.compile(r"(?:^|/)(\d+)_[^/]*$")
+
+
+def chapter_docs(docnames: Any) -> dict[int, str]:
+    """Chapter number -> its document (``book/06_multi_head``), from the file names."""
+    found = {}
+    for docname in docnames:
+        m = _CHAPTER_FILE.search(docname)
+        if m:
+            found[int(m.group(1))] = docname
+    return found
+
+
+def link_chapters(lines: list[str], chapters: dict[int, str]) -> list[str]:
+    """``lines`` of a docstring with each chapter its "Explained in" paragraph names made a
+    ``:doc:`` link to that chapter's page (a number with no chapter stays plain text).
+
+    Sphinx resolves the links in each edition (English, Chinese), like any other.
+    """
+
+    def link(number: re.Match) -> str:
+        n = int(number.group(0))
+        return f":doc:`{n} </{chapters[n]}>`" if n in chapters else number.group(0)
+
+    def mention(m: re.Match) -> str:
+        word, space, numbers = m.groups()
+        if re.fullmatch(r"\d+", numbers) and int(numbers) in chapters:  # "chapter 6": all a link
+            return f":doc:`{word} {numbers} </{chapters[int(numbers)]}>`"
+        return word + space + re.sub(r"\d+", link, numbers)
+
+    out, i = [], 0
+    while i < len(lines):
+        if not _EXPLAINED_IN.match(lines[i]):
+            out.append(lines[i])
+            i += 1
+            continue
+        end = i
+        while end < len(lines) and lines[end].strip():
+            end += 1
+        out.extend(_CHAPTERS.sub(mention, "\n".join(lines[i:end])).split("\n"))
+        i = end
+    return out
+
+
+def _link_explained_in(
+    app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """autodoc-process-docstring: the "Explained in chapter N" notes link to the chapters."""
+    lines[:] = link_chapters(lines, chapter_docs(app.env.found_docs))
+
+
 class KeepDocstringsUntranslated(SphinxTransform):
     """Mark the text of autodoc entries (``desc`` nodes) and docstrings as not translatable.
 
@@ -260,6 +316,7 @@ class TranslateTocCaptions(SphinxTransform):
 def setup(app: Any) -> dict[str, Any]:
     app.add_transform(KeepDocstringsUntranslated)
     app.add_transform(TranslateTocCaptions)
+    app.connect("autodoc-process-docstring", _link_explained_in)
     app.connect("html-page-context", _language_links)
     app.connect("html-page-context", _translate_figure_alts)
     app.connect("config-inited", _translate_site_text)
