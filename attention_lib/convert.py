@@ -93,7 +93,9 @@ def from_hf(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
     """:func:`from_hf_llama` under its general name: any transformers attention
     layer this package can reproduce (chapter 9's Llama, Mistral, Qwen2-style
     windows; Qwen3's QK-norm, Gemma 2's soft-capping and gpt-oss's sinks, the
-    features of chapter 13), or a ``ValueError`` naming what it cannot."""
+    features of chapter 13), or a ``ValueError`` naming what it cannot.
+
+    Explained in chapter 13, *Where attention goes*."""
     return from_hf_llama(module, backend=backend)
 
 

@@ -141,7 +141,8 @@ class KVCache:
     cache=cache)``) appends the keys and values of ``tokens`` to every layer; the
     next call only has to process the tokens that follow.
 
-    Explained in chapter 8, *Attention that writes*.
+    Explained in chapter 8, *Attention that writes*; ``sink_tokens``
+    (StreamingLLM) in chapter 13, *Where attention goes*.
 
     Args:
         window: keep only the last ``window`` tokens in every layer (a rolling

@@ -44,7 +44,8 @@ class MultiHeadAttention(nn.Module):
     and mixed by ``W_o``.
 
     Explained in chapter 6, *Multi-head attention*; backends also in chapter 10,
-    *Efficient attention*.
+    *Efficient attention*; QK-norm, soft-capping, sinks and gates in chapter 13,
+    *Where attention goes*.
 
     **Mask semantics.** ``mask`` is a *keep-mask*, as in
     :func:`~attention_lib.scaled_dot_product_attention`: bool ``True`` (or 1)
