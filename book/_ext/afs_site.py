@@ -293,6 +293,36 @@ class KeepDocstringsUntranslated(SphinxTransform):
                 node["classes"].append("afs-docstring")  # tests skip it in the zh pages
 
 
+# A number and its unit in a table cell ("0.063 s", "260 MiB", "1.4 x"): joined by a
+# no-break space, so that a narrow column never puts the unit on a line of its own.
+_NUMBER_UNIT = re.compile(
+    r"(\d)[ \t]+(s|ms|µs|us|ns|min|h|B|kB|KB|KiB|MB|MiB|GB|GiB|TB|%|x|×|tokens?|FLOPs?)(?=$|[^\w])"
+)
+
+
+def keep_units(text: str) -> str:
+    return _NUMBER_UNIT.sub("\\1\u00a0\\2", text)
+
+
+class KeepNumbersWithUnits(SphinxTransform):
+    """In table cells, a number keeps its unit on its line (issue 29, item 3).
+
+    Runs after Sphinx's ``Locale`` transform (priority 20), so it sees each edition's own
+    text; code (``literal``) is left alone.
+    """
+
+    default_priority = 400
+
+    def apply(self, **kwargs: Any) -> None:
+        for entry in self.document.findall(nodes.entry):
+            for text in list(entry.findall(nodes.Text)):
+                if isinstance(text.parent, (nodes.literal, nodes.literal_block)):
+                    continue
+                new = keep_units(str(text))
+                if new != str(text):
+                    text.parent.replace(text, nodes.Text(new))
+
+
 class TranslateTocCaptions(SphinxTransform):
     """Translate the part captions of the table of contents ("Building attention", ...).
 
@@ -316,6 +346,7 @@ class TranslateTocCaptions(SphinxTransform):
 def setup(app: Any) -> dict[str, Any]:
     app.add_transform(KeepDocstringsUntranslated)
     app.add_transform(TranslateTocCaptions)
+    app.add_transform(KeepNumbersWithUnits)
     app.connect("autodoc-process-docstring", _link_explained_in)
     app.connect("html-page-context", _language_links)
     app.connect("html-page-context", _translate_figure_alts)

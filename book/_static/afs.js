@@ -75,3 +75,21 @@ document.addEventListener("DOMContentLoaded", () => {
   ["click", "auxclick", "contextmenu", "focus"].forEach((e) => link.addEventListener(e, update));
   update();
 });
+
+// A code block or output wider than its column (on a phone) scrolls in its own box: it is
+// marked `afs-scrolls`, and `afs-scroll-end` once scrolled to its end, so that afs.css fades
+// its right edge only while there is more to see. Checked again whenever its size changes
+// (a window turned, a hidden cell opened).
+document.addEventListener("DOMContentLoaded", () => {
+  const check = (pre) => {
+    const scrolls = pre.scrollWidth > pre.clientWidth + 1;
+    pre.classList.toggle("afs-scrolls", scrolls);
+    pre.classList.toggle("afs-scroll-end",
+      scrolls && pre.scrollLeft + pre.clientWidth >= pre.scrollWidth - 1);
+  };
+  const resized = new ResizeObserver((entries) => entries.forEach((e) => check(e.target)));
+  document.querySelectorAll(".bd-article pre").forEach((pre) => {
+    resized.observe(pre);
+    pre.addEventListener("scroll", () => check(pre), { passive: true });
+  });
+});

@@ -187,3 +187,120 @@ def test_a_tap_opens_a_shrunk_figure_at_full_size_on_a_phone(phone_tab: Tab) -> 
     page.wait_for_function(
         "i => i.getBoundingClientRect().width < i.naturalWidth", arg=figure.element_handle()
     )
+
+
+# --- Issue 29, item 3: nothing clipped without a cue ---------------------------------------
+
+# Code blocks and outputs that scroll sideways in their own box show it (afs.js/afs.css fade
+# the right edge) until scrolled to the end; those that fit show nothing.
+SCROLL_CUE_JS = """async () => {
+    const frame = () => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+    await frame();  // the ResizeObserver's checks after the page settled
+    const faded = (p) => getComputedStyle(p).maskImage !== 'none'
+        || (getComputedStyle(p).webkitMaskImage || 'none') !== 'none';
+    const out = {wide: 0, uncued: [], cued_after_end: [], cued_but_fits: []};
+    for (const p of document.querySelectorAll('article pre')) {
+        if (p.clientWidth === 0) continue;  // not shown
+        const label = p.textContent.trim().slice(0, 40);
+        if (p.scrollWidth <= p.clientWidth + 1) {
+            if (faded(p)) out.cued_but_fits.push(label);
+            continue;
+        }
+        out.wide += 1;
+        if (!faded(p)) out.uncued.push(label);
+        p.scrollLeft = p.scrollWidth;
+        p.dispatchEvent(new Event('scroll'));
+        await frame();
+        if (faded(p)) out.cued_after_end.push(label);
+        p.scrollLeft = 0;
+        p.dispatchEvent(new Event('scroll'));
+    }
+    return out;
+}"""
+
+
+def test_code_blocks_that_scroll_show_it(loaded_phone, loaded, docname: str) -> None:
+    for where, tab in (("phone", loaded_phone(docname)), ("desktop", loaded(docname))):
+        found = settled(tab).page.evaluate(SCROLL_CUE_JS)
+        assert not found["uncued"], f"{docname} on a {where}: no cue that these scroll: {found}"
+        assert not found["cued_after_end"], f"{docname} on a {where}: cue at the end: {found}"
+        assert not found["cued_but_fits"], f"{docname} on a {where}: cue on blocks that fit"
+
+
+# In table cells: a number and its unit on one line (a no-break space between them), and,
+# on a desktop, identifiers (inline code without spaces) never broken over lines.
+TABLE_TEXT_JS = r"""() => {
+    const unit = '(s|ms|µs|us|ns|min|h|B|kB|KB|KiB|MB|MiB|GB|GiB|TB|%|x|×|tokens?|FLOPs?)';
+    const spaced = new RegExp('\\d[ \\t]+' + unit + '(?![\\w])', 'g');
+    const joined = new RegExp('\\d\\u00a0' + unit + '(?![\\w])', 'g');
+    const out = {breakable: [], split_units: [], pairs: 0, split_code: [], code: 0};
+    const cells = [...document.querySelectorAll('article table td, article table th')];
+    for (const cell of cells) {
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let t = walker.nextNode(); t; t = walker.nextNode()) {
+            if (t.parentElement.closest('code, pre')) continue;
+            for (const m of t.data.matchAll(spaced)) out.breakable.push(m[0]);
+            for (const m of t.data.matchAll(joined)) {
+                out.pairs += 1;
+                const r = document.createRange();
+                r.setStart(t, m.index);
+                r.setEnd(t, m.index + m[0].length);
+                const tops = new Set([...r.getClientRects()].map(x => Math.round(x.top)));
+                if (tops.size > 1) out.split_units.push(m[0]);
+            }
+        }
+        for (const code of cell.querySelectorAll('code')) {
+            if (/\s/.test(code.textContent.trim())) continue;  // several words may wrap
+            out.code += 1;
+            const tops = new Set([...code.getClientRects()].map(x => Math.round(x.top)));
+            if (tops.size > 1) out.split_code.push(code.textContent.trim());
+        }
+    }
+    return out;
+}"""
+
+
+def test_table_cells_keep_numbers_with_units_and_identifiers_whole(
+    loaded_phone, loaded, docname: str
+) -> None:
+    for where, tab in (("phone", loaded_phone(docname)), ("desktop", loaded(docname))):
+        found = settled(tab).page.evaluate(TABLE_TEXT_JS)
+        assert not found["breakable"], f"{docname}: number and unit may part: {found}"
+        assert not found["split_units"], f"{docname} on a {where}: units parted: {found}"
+        if where == "desktop":
+            assert not found["split_code"], f"{docname} at 1280 px: identifiers broken: {found}"
+
+
+# The heading's "#" permalink sits on the heading's last line, never on a line of its own.
+HEADERLINK_JS = """() => {
+    const alone = [];
+    let n = 0;
+    for (const a of document.querySelectorAll(
+            'article :is(h1, h2, h3, h4, h5, h6) > a.headerlink')) {
+        const h = a.parentElement;
+        const r = document.createRange();
+        r.setStartBefore(h.firstChild);
+        r.setEndBefore(a);
+        const lines = [...r.getClientRects()].filter(x => x.width > 0 && x.height > 0);
+        if (!lines.length) continue;
+        n += 1;
+        // Some of the heading's text (or maths) ends just before it, on the same line.
+        const box = a.getBoundingClientRect();
+        const middle = (box.top + box.bottom) / 2;
+        const beside = lines.some(x => x.top <= middle && middle <= x.bottom
+                                       && x.right <= box.left + 2);
+        if (!beside || box.right > document.documentElement.clientWidth) {
+            alone.push(h.textContent.trim().slice(0, 50));
+        }
+    }
+    return {headings: n, alone};
+}"""
+
+
+def test_heading_permalinks_never_sit_on_a_line_of_their_own(
+    loaded_phone, loaded, docname: str
+) -> None:
+    for where, tab in (("phone", loaded_phone(docname)), ("desktop", loaded(docname))):
+        found = settled(tab).page.evaluate(HEADERLINK_JS)
+        assert found["headings"], f"{docname}: no heading permalinks found"
+        assert not found["alone"], f"{docname} on a {where}: '#' on its own line: {found}"
