@@ -16,10 +16,10 @@ import json
 import re
 import shlex
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +68,7 @@ def imported_modules(source: str) -> set[str]:
 
 def third_party(modules: set[str]) -> set[str]:
     """Distributions behind ``modules``, leaving out the standard library and the book's own."""
-    return {
-        distribution(m) for m in modules if m not in sys.stdlib_module_names and m != LIBRARY
-    }
+    return {distribution(m) for m in modules if m not in sys.stdlib_module_names and m != LIBRARY}
 
 
 def pip_installs(cell_source: str) -> list[tuple[list[str], list[str]]]:
@@ -102,7 +100,9 @@ def test_the_parsers_read_what_a_cell_says() -> None:
         (["-q"], ["transformers==5.24.0"]),
         (["-q", "--no-deps"], ["attention_lib @ git+https://x/y@main"]),
     ]
-    code = "%matplotlib inline\nimport torch.nn as nn\ndef f():\n    from PIL import Image\nimport os"
+    code = (
+        "%matplotlib inline\nimport torch.nn as nn\ndef f():\n    from PIL import Image\nimport os"
+    )
     assert imported_modules(code) == {"torch", "PIL", "os"}
     assert third_party({"torch", "PIL", "os", "attention_lib"}) == {"torch", "pillow"}
 

@@ -120,8 +120,10 @@ def test_language_switch_keeps_the_place(tab_at, base_url: str, screen: str) -> 
     ids = section_ids(built_html(PLACE_PAGE))
     section = ids[len(ids) // 2]
     here = tab.url(PLACE_PAGE)
-    there = tab.base_url.removesuffix("zh/") + ("zh/" if EDITION == "en" else "") + (
-        f"{PLACE_PAGE}.html"
+    there = (
+        tab.base_url.removesuffix("zh/")
+        + ("zh/" if EDITION == "en" else "")
+        + (f"{PLACE_PAGE}.html")
     )
     tab.open(PLACE_PAGE, f"#{section}")
     assert _switch(tab, screen) == f"{there}#{section}", "the switch dropped the #fragment"
