@@ -1,0 +1,185 @@
+"""A Gated DeltaNet layer (Qwen3-Next's linear attention) and its recurrent-state cache.
+
+:class:`GatedDeltaNet` is a token-mixing sublayer with the interface of a
+self-attention layer, ``(B, L, d_model) -> (B, L, d_model)``, built on
+:func:`~attention_lib.gated_delta_rule`. It is the layer of Qwen3-Next's
+``"linear_attention"`` layers (🤗 transformers' ``Qwen3NextGatedDeltaNet``):
+
+.. code-block:: text
+
+    q, k, v = SiLU(causal depthwise conv(W_q x, W_k x, W_v x))   (a short conv, 4 taps)
+    q, k    = q / ||q||, k / ||k||                         (per head)
+    beta    = sigmoid(W_b x),   g = -exp(A_log) * softplus(W_a x + dt_bias)
+    o       = gated_delta_rule(q, k, v, g, beta)            (B, H, L, d_v)
+    out     = W_o( RMSNorm(o) * SiLU(W_z x) )               (per head, then merged)
+
+With a cache (:class:`LayerStateCache`) it keeps a fixed-size state instead of
+keys and values: the ``(B, H, d_k, d_v)`` matrix ``S`` and the last
+``conv_size - 1`` inputs of the short convolution. Its size does not grow with
+the number of tokens.
+
+Explained in chapter 16, *Attention without softmax*.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .linear_attention import gated_delta_rule
+from .validation import check_instance, check_int, check_same, check_tensor
+
+
+def _nbytes(t: Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+class LayerStateCache:
+    """The cache of one linear-attention layer: a state of fixed size.
+
+    Where a :class:`~attention_lib.LayerKVCache` stores a key and a value per
+    token, this keeps the layer's recurrent state ``S`` after the last token
+    and, for the short convolution, the last ``conv_size - 1`` inputs it saw.
+    :class:`GatedDeltaNet` reads and replaces both on every call.
+
+    Explained in chapter 16, *Attention without softmax*.
+
+    Attributes:
+        state: ``(B, H, d_k, d_v)`` recurrent state, or ``None`` while empty.
+        conv: ``(B, channels, conv_size - 1)`` last inputs of the short
+            convolution, or ``None`` (empty, or a layer without it).
+        position: the number of tokens seen: the position of the next token.
+    """
+
+    def __init__(self) -> None:
+        self.state: Tensor | None = None
+        self.conv: Tensor | None = None
+        self.position = 0
+
+    def __len__(self) -> int:
+        """Tokens *stored*: none, whatever the number seen (see :attr:`position`)."""
+        return 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the state and the convolution's inputs (constant in the tokens)."""
+        return _nbytes(self.state) + _nbytes(self.conv)
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet: a linear-attention token mixer with a fixed-size state.
+
+    A drop-in for the self-attention of a decoder block (Qwen3-Next uses it in
+    three layers out of four). Its projections, short convolution, gates and
+    norm are those of 🤗 transformers' ``Qwen3NextGatedDeltaNet``, with one
+    simplification: as many query/key heads as value heads (Qwen3-Next may
+    share a query/key head between several value heads).
+
+    Explained in chapter 16, *Attention without softmax*.
+
+    Args:
+        d_model: model width.
+        num_heads: heads ``H``.
+        head_dim: width of a head's queries, keys and values; defaults to
+            ``d_model // num_heads``.
+        conv_size: taps of the causal depthwise convolution over ``q, k, v``
+            (Qwen3-Next: 4), followed by SiLU; ``None`` leaves out both.
+        chunk_size: tokens per chunk of the chunked form, used for more than
+            one new token (one new token uses the recurrent step).
+        eps: epsilon of the output RMSNorm.
+
+    Shapes:
+        - x: ``(B, L, d_model)``
+        - output: ``(B, L, d_model)``
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        *,
+        conv_size: int | None = 4,
+        chunk_size: int = 64,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.d_model, self.chunk_size = d_model, chunk_size  # checked by nn.Linear, the core
+        self.head_dim = check_int("head_dim", head_dim or d_model // num_heads, minimum=1)
+        width = num_heads * self.head_dim
+        self.W_q, self.W_k, self.W_v, self.W_z = (
+            nn.Linear(d_model, width, bias=False) for _ in range(4)
+        )
+        self.W_b, self.W_a = (nn.Linear(d_model, num_heads, bias=False) for _ in range(2))
+        self.conv = None
+        if conv_size is not None:  # depthwise: one filter per channel of (q, k, v)
+            self.conv = nn.Conv1d(3 * width, 3 * width, conv_size, groups=3 * width, bias=False)
+        self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(0.01, 16).log())
+        self.dt_bias = nn.Parameter(torch.ones(num_heads))
+        self.norm = nn.RMSNorm(self.head_dim, eps=eps)
+        self.W_o = nn.Linear(width, d_model, bias=False)
+
+    def forward(self, x: Tensor, *, cache: LayerStateCache | None = None) -> Tensor:
+        """Mix the tokens of ``x``; with a ``cache``, continue after its tokens.
+
+        Args:
+            x: ``(B, L, d_model)``.
+            cache: a :class:`LayerStateCache` holding the state after the
+                tokens before ``x`` (empty for a new sequence); it is replaced
+                by the state after ``x``.
+
+        Returns:
+            ``(B, L, d_model)``.
+
+        Raises:
+            TypeError: if ``x`` is not a floating tensor or ``cache`` not a
+                :class:`LayerStateCache`.
+            ValueError: if ``x`` is not ``(B, L, d_model)`` or the cache holds
+                another batch or dtype.
+        """
+        check_tensor("x", x, min_dim=3)
+        check_same("d_model (last dim)", x=x.shape[-1], layer=self.d_model)
+        if cache is not None:
+            check_instance("cache", cache, LayerStateCache, "a LayerStateCache or None")
+            held = cache.state if cache.state is not None else x  # an empty cache fits
+            check_same("(batch, dtype)", cache=(held.shape[0], held.dtype), x=(len(x), x.dtype))
+        B, L, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        qkv = torch.cat([self.W_q(x), self.W_k(x), self.W_v(x)], dim=-1)  # (B, L, 3 H d)
+        if self.conv is not None:
+            qkv = self._short_conv(qkv, cache)  # (B, L, 3 H d)
+        q, k, v = (t.view(B, L, H, d).transpose(1, 2) for t in qkv.chunk(3, -1))  # (B, H, L, d)
+        q, k = (t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))  # unit
+        beta = self.W_b(x).sigmoid().transpose(1, 2)  # (B, H, L): write strength
+        g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)  # (B, L, H): log-decay
+        out, state = gated_delta_rule(
+            q,
+            k,
+            v,
+            g.transpose(1, 2),
+            beta,
+            chunk_size=None if L == 1 else self.chunk_size,
+            initial_state=None if cache is None else cache.state,
+            output_final_state=True,
+        )  # (B, H, L, d), (B, H, d, d)
+        if cache is not None:
+            cache.state, cache.position = state, cache.position + L
+        z = self.W_z(x).view(B, L, H, d)  # the output gate
+        out = self.norm(out.transpose(1, 2)) * F.silu(z)  # (B, L, H, d)
+        return self.W_o(out.reshape(B, L, H * d))  # (B, L, d_model)
+
+    def _short_conv(self, qkv: Tensor, cache: LayerStateCache | None) -> Tensor:
+        """Causal depthwise convolution + SiLU over ``(B, L, C)``; the cache
+        supplies (and keeps) the ``conv_size - 1`` inputs before ``qkv``."""
+        taps = self.conv.kernel_size[0]
+        x = qkv.transpose(1, 2)  # (B, C, L)
+        past = None if cache is None else cache.conv
+        if past is None:  # the start of a sequence: zeros before it
+            past = x.new_zeros(*x.shape[:2], taps - 1)
+        x = torch.cat([past, x], dim=-1)  # (B, C, taps - 1 + L)
+        if cache is not None:
+            cache.conv = x[..., x.shape[-1] - (taps - 1) :].clone()  # (B, C, taps - 1)
+        out = F.conv1d(x, self.conv.weight, groups=x.shape[1])  # (B, C, L)
+        return F.silu(out).transpose(1, 2)  # (B, L, C)

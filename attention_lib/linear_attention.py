@@ -1,0 +1,325 @@
+"""Attention without softmax: linear attention and the gated delta rule.
+
+Softmax attention compares every query with every key: its work grows as
+``L**2`` and its KV cache by one key and one value per token. Drop the softmax
+and replace ``exp(q . k)`` by a product of features ``phi(q) . phi(k)``, and
+the sum over the keys can be taken *before* the query arrives:
+
+.. code-block:: text
+
+    o_t = sum_{s <= t} (phi(q_t) . phi(k_s)) v_s = phi(q_t)^T S_t,
+    S_t = S_{t-1} + phi(k_t) v_t^T                      (a d_k x d_v state)
+
+Causal linear attention is an RNN with a matrix-valued state
+(Katharopoulos et al., 2020). It only ever *adds* to the state, so an old
+value stored under a key is never removed. The **delta rule** (DeltaNet)
+first reads what the state holds under ``k_t`` and writes only the
+difference, with a strength ``beta_t``; **Gated DeltaNet** (Qwen3-Next, Kimi
+Linear's KDA is a finer-gated variant) also lets the whole state decay by
+``alpha_t = exp(g_t)``:
+
+.. code-block:: text
+
+    S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
+
+Each operator has several *schedules* that compute the same numbers:
+quadratic (an ``L x L`` masked matrix, like attention), recurrent (one token
+at a time through the state, like an RNN) and chunked (quadratic inside
+chunks of ``C`` tokens, recurrent across them).
+
+Explained in chapter 16, *Attention without softmax*.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masks import causal_mask
+from .validation import (
+    check_attention_args,
+    check_bool,
+    check_choice,
+    check_int,
+    check_same,
+    check_tensor,
+)
+
+#: Accepted values of ``linear_attention(feature_map=...)`` (``None`` means ``"identity"``).
+FEATURE_MAPS = ("elu+1", "identity")
+
+#: Accepted values of ``linear_attention(schedule=...)``.
+SCHEDULES = ("quadratic", "chunked", "recurrent")
+
+
+def _features(x: Tensor, feature_map: str) -> Tensor:
+    """phi(x): ``elu(x) + 1`` (positive, Katharopoulos et al.) or ``x`` itself."""
+    return F.elu(x) + 1.0 if feature_map == "elu+1" else x
+
+
+def linear_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    feature_map: str | None = "elu+1",
+    causal: bool = True,
+    normalize: bool | None = None,
+    schedule: str = "quadratic",
+    chunk_size: int = 64,
+) -> Tensor:
+    """Linear attention: ``phi(q) . phi(k)`` in place of ``exp(q . k)``, no softmax.
+
+    ``o_i = sum_j (phi(q_i) . phi(k_j)) v_j``, over the keys ``j <= i`` if
+    ``causal``, divided by ``sum_j phi(q_i) . phi(k_j)`` if ``normalize``
+    (the normaliser that softmax attention gets from the softmax). The three
+    schedules compute the same numbers:
+
+    - ``"quadratic"``: the ``(L, L)`` matrix ``phi(Q) phi(K)^T``, masked like
+      causal attention, times ``V``: ``O(L^2 d)`` work and memory;
+    - ``"recurrent"``: one token at a time, ``S_t = S_{t-1} + phi(k_t) v_t^T``
+      and ``o_t = phi(q_t)^T S_t``: ``O(L d^2)`` work, a ``(d_k, d_v)`` state;
+    - ``"chunked"``: quadratic inside chunks of ``chunk_size`` tokens, the
+      state carried from chunk to chunk: ``O(L (C d + d^2))`` work.
+
+    Without ``causal`` every query reads every key; the schedules then all
+    form the state ``phi(K)^T V`` once (the recurrent and chunked ones) or
+    the full matrix (the quadratic one).
+
+    Explained in chapter 16, *Attention without softmax*.
+
+    Args:
+        query: ``(..., L, d_k)``, e.g. ``(B, H, L, d_k)`` as for
+            :func:`~attention_lib.scaled_dot_product_attention`.
+        key: ``(..., L, d_k)``.
+        value: ``(..., L, d_v)``.
+        feature_map: ``"elu+1"`` (``elu(x) + 1``, always positive: the map of
+            Katharopoulos et al. 2020) or ``"identity"`` / ``None`` (``phi(x) =
+            x``, plain unnormalised linear attention, as inside DeltaNet).
+        causal: query ``i`` reads the keys ``0 .. i`` only.
+        normalize: divide by ``sum_j phi(q_i) . phi(k_j)``. Defaults to
+            ``True`` for ``"elu+1"`` and ``False`` for the identity, whose
+            denominator can be zero or negative (so ``normalize=True`` is
+            refused with it).
+        schedule: ``"quadratic"``, ``"chunked"`` or ``"recurrent"``.
+        chunk_size: tokens per chunk of the ``"chunked"`` schedule.
+
+    Returns:
+        ``(..., L, d_v)``.
+
+    Raises:
+        TypeError: if the tensors are not floating tensors or an option has
+            the wrong type.
+        ValueError: on mismatched shapes, an unknown feature map or schedule,
+            or ``normalize=True`` with the identity map.
+    """
+    check_attention_args(query, key, value, dropout_p=0.0, scale=None, is_causal=causal)
+    check_same("length L (dim -2)", query=query.shape[-2], key=key.shape[-2])
+    feature_map = "identity" if feature_map is None else feature_map
+    check_choice("feature_map", feature_map, FEATURE_MAPS)
+    check_choice("schedule", schedule, SCHEDULES)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    normalize = feature_map == "elu+1" if normalize is None else check_bool("normalize", normalize)
+    if normalize and feature_map == "identity":
+        raise ValueError("normalize=True needs a positive feature map such as 'elu+1'")
+    phi_q, phi_k = _features(query, feature_map), _features(key, feature_map)
+    if schedule == "quadratic":
+        return _quadratic(phi_q, phi_k, value, causal, normalize)
+    if not causal:  # one state holds every key: S = phi(K)^T V
+        return _read(phi_q, phi_k.transpose(-2, -1) @ value, phi_k.sum(-2), normalize)
+    if schedule == "recurrent":
+        return _recurrent(phi_q, phi_k, value, normalize)
+    return _chunked(phi_q, phi_k, value, normalize, chunk_size)
+
+
+def _read(phi_q: Tensor, state: Tensor, norm: Tensor, normalize: bool) -> Tensor:
+    """``phi(q)^T S``, divided by ``phi(q) . z`` if ``normalize`` (z = sum of phi(k))."""
+    out = phi_q @ state  # (..., L, d_v)
+    return out / (phi_q @ norm.unsqueeze(-1)) if normalize else out
+
+
+def _quadratic(phi_q: Tensor, phi_k: Tensor, value: Tensor, causal: bool, normalize: bool):
+    scores = phi_q @ phi_k.transpose(-2, -1)  # (..., L, L): no softmax
+    if causal:
+        scores = scores * causal_mask(scores.shape[-1], device=scores.device)
+    out = scores @ value  # (..., L, d_v)
+    return out / scores.sum(-1, keepdim=True) if normalize else out
+
+
+def _recurrent(phi_q: Tensor, phi_k: Tensor, value: Tensor, normalize: bool) -> Tensor:
+    state = phi_q.new_zeros(*phi_k.shape[:-2], phi_k.shape[-1], value.shape[-1])  # (..., dk, dv)
+    norm = phi_q.new_zeros(phi_k.shape[:-2] + phi_k.shape[-1:])  # (..., d_k)
+    outputs = []
+    for t in range(phi_q.shape[-2]):
+        k_t = phi_k[..., t, :]  # (..., d_k)
+        state = state + k_t.unsqueeze(-1) * value[..., t, None, :]  # + phi(k_t) v_t^T
+        norm = norm + k_t
+        outputs.append(_read(phi_q[..., t : t + 1, :], state, norm, normalize))  # (..., 1, dv)
+    return torch.cat(outputs, dim=-2)  # (..., L, d_v)
+
+
+def _chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, normalize: bool, size: int) -> Tensor:
+    state = phi_q.new_zeros(*phi_k.shape[:-2], phi_k.shape[-1], value.shape[-1])  # (..., dk, dv)
+    norm = phi_q.new_zeros(phi_k.shape[:-2] + phi_k.shape[-1:])  # (..., d_k)
+    outputs = []
+    for start in range(0, phi_q.shape[-2], size):
+        q, k, v = (t[..., start : start + size, :] for t in (phi_q, phi_k, value))  # (..., C, d)
+        scores = q @ k.transpose(-2, -1)  # (..., C, C): inside the chunk
+        scores = scores * causal_mask(scores.shape[-1], device=scores.device)
+        out = q @ state + scores @ v  # the earlier chunks through the state, this one directly
+        if normalize:
+            out = out / (q @ norm.unsqueeze(-1) + scores.sum(-1, keepdim=True))
+        outputs.append(out)
+        state = state + k.transpose(-2, -1) @ v  # (..., d_k, d_v)
+        norm = norm + k.sum(-2)
+    return torch.cat(outputs, dim=-2)  # (..., L, d_v)
+
+
+def gated_delta_rule(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    chunk_size: int | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """The gated delta rule, Gated DeltaNet's token mixer, recurrent or chunked.
+
+    Per head, with a ``(d_k, d_v)`` state ``S`` (zero, or ``initial_state``):
+
+    .. code-block:: text
+
+        S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+        o_t = S_t^T (scale * q_t)
+
+    ``exp(g_t)`` decays the whole state (``g_t = 0``: no decay, plain
+    DeltaNet); ``beta_t`` is how far the value stored under ``k_t`` moves
+    towards ``v_t`` (``1`` replaces it when ``||k_t|| = 1``). Keys should have
+    unit norm for the update to be stable: Qwen3-Next L2-normalises queries and
+    keys before calling it (:class:`~attention_lib.gated_deltanet.GatedDeltaNet`
+    does too); this function takes them as they are.
+
+    With ``chunk_size=None`` the state is updated one token at a time (the
+    recurrent form, ``O(L d_k d_v)`` work). With ``chunk_size=C`` the tokens
+    of a chunk are computed together: the ``C`` delta-rule updates of a chunk
+    are folded into one lower-triangular solve (the WY/UT representation of
+    DeltaNet), the state then carries the chunk to the next one. A
+    ``chunk_size`` of at least ``L`` is the quadratic form: one chunk, an
+    ``(L, L)`` system. All give the same numbers up to rounding.
+
+    Conventions, against 🤗 transformers' ``torch_chunk_gated_delta_rule``
+    and ``torch_recurrent_gated_delta_rule`` (Qwen3-Next): our tensors are
+    ``(B, H, L, d)`` (theirs ``(B, L, H, d)``), ``g`` is the same log-decay,
+    the query is scaled by ``1/sqrt(d_k)`` as theirs is (``scale`` changes
+    that), L2 normalisation is left to the caller (their
+    ``use_qk_l2norm_in_kernel=True``), and the query and key heads equal the
+    value heads (repeat them for Qwen3-Next's grouped value heads).
+
+    Explained in chapter 16, *Attention without softmax*.
+
+    Args:
+        query: ``(B, H, L, d_k)``.
+        key: ``(B, H, L, d_k)``, ideally of unit norm.
+        value: ``(B, H, L, d_v)``.
+        g: ``(B, H, L)`` log-decay, ``<= 0`` (the state is multiplied by ``exp(g)``).
+        beta: ``(B, H, L)`` write strength, usually in ``(0, 1)`` (a sigmoid).
+        scale: multiplies the query; ``None`` means ``1 / sqrt(d_k)``.
+        chunk_size: ``None`` for the recurrent form, else the tokens per chunk.
+        initial_state: ``(B, H, d_k, d_v)`` state before the first token (a
+            cache's), or ``None`` for zeros.
+        output_final_state: also return the state after the last token.
+
+    Returns:
+        ``output`` ``(B, H, L, d_v)``, or ``(output, state)`` with ``state``
+        ``(B, H, d_k, d_v)`` if ``output_final_state``.
+
+    Raises:
+        TypeError: if an argument is not a floating tensor or has the wrong type.
+        ValueError: on mismatched shapes or dtypes, ``g > 0`` anywhere, or
+            ``chunk_size < 1``.
+    """
+    check_attention_args(query, key, value, dropout_p=0.0, scale=scale, is_causal=True)
+    for name, t in (("g", g), ("beta", beta)):
+        check_tensor(name, t, min_dim=3)
+    shapes = {n: t.shape[:3] for n, t in zip(("query", "key", "value"), (query, key, value))}
+    check_same("(B, H, L)", **shapes, g=g.shape, beta=beta.shape)
+    if bool((g > 0).any()):
+        raise ValueError("g is a log-decay and must be <= 0 everywhere, got a positive entry")
+    if chunk_size is not None:
+        chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("output_final_state", output_final_state)
+    B, H, _, d_k = key.shape
+    if initial_state is None:
+        initial_state = key.new_zeros(B, H, d_k, value.shape[-1])
+    else:
+        given = check_tensor("initial_state", initial_state, min_dim=4).shape
+        check_same("shape", initial_state=given, expected=(B, H, d_k, value.shape[-1]))
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    query = query * scale
+    if chunk_size is None:
+        out, state = _delta_recurrent(query, key, value, g, beta, initial_state)
+    else:
+        out, state = _delta_chunked(query, key, value, g, beta, initial_state, chunk_size)
+    return (out, state) if output_final_state else out
+
+
+def _delta_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The recurrent form of :func:`gated_delta_rule`, without checks (``q``
+    already scaled). Returns ``(output, final_state)``."""
+    outputs = []
+    for t in range(q.shape[-2]):
+        k_t = k[..., t, :].unsqueeze(-1)  # (B, H, d_k, 1)
+        state = state * g[..., t, None, None].exp()  # decay
+        stored = (k_t * state).sum(-2, keepdim=True)  # (B, H, 1, d_v): what S holds under k_t
+        delta = beta[..., t, None, None] * (v[..., t : t + 1, :] - stored)  # (B, H, 1, d_v)
+        state = state + k_t * delta  # write the correction: S += k_t delta^T
+        outputs.append(q[..., t : t + 1, :] @ state)  # (B, H, 1, d_v): o_t = S^T q_t
+    return torch.cat(outputs, dim=-2), state  # (B, H, L, d_v), (B, H, d_k, d_v)
+
+
+def _delta_chunked(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, size: int
+) -> tuple[Tensor, Tensor]:
+    """The chunked form of :func:`gated_delta_rule`, without checks (``q``
+    already scaled). Returns ``(output, final_state)``.
+
+    Inside a chunk with state ``S_0`` at its start and cumulative log-decay
+    ``c_t = g_1 + ... + g_t``, the state after token ``t`` is
+    ``exp(c_t) S_0 + sum_{s<=t} exp(c_t - c_s) k_s u_s^T``, where the *new
+    values* ``u_t = beta_t (v_t - (what that state held under k_t))`` solve the
+    unit lower-triangular system ``(I + A) U = beta V - beta exp(c) K S_0``
+    with ``A[t, s] = beta_t exp(c_t - c_s) k_t . k_s`` for ``s < t``.
+    """
+    B, H, L, _ = k.shape
+    pad = -L % size  # zero padding: k = 0 and beta = 0 write nothing, g = 0 decays nothing
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = (F.pad(t, (0, pad)) for t in (g, beta))
+    n = (L + pad) // size
+    q, k, v = (t.reshape(B, H, n, size, t.shape[-1]) for t in (q, k, v))  # (B, H, n, C, d)
+    c = g.reshape(B, H, n, size).cumsum(-1)  # (B, H, n, C): log-decay since the chunk began
+    beta = beta.reshape(B, H, n, size, 1)
+    lower = causal_mask(size, device=k.device)  # (C, C): s <= t
+    decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~lower, -torch.inf).exp()  # (..C, C)
+    system = (beta * k) @ k.transpose(-2, -1) * decay  # A below the diagonal (diagonal unused)
+    solve = torch.linalg.solve_triangular
+    new_v = solve(system, beta * v, upper=False, unitriangular=True)  # (B, H, n, C, d_v)
+    new_k = solve(system, beta * k * c.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    within = q @ k.transpose(-2, -1) * decay  # (B, H, n, C, C): reads inside the chunk
+    q_decayed = q * c.exp().unsqueeze(-1)  # reads S_0, decayed to each t
+    k_decayed = k * (c[..., -1:] - c).exp().unsqueeze(-1)  # writes, decayed to the chunk's end
+    outputs = []
+    for i in range(n):  # across chunks: through the state
+        u = new_v[:, :, i] - new_k[:, :, i] @ state  # (B, H, C, d_v)
+        outputs.append(q_decayed[:, :, i] @ state + within[:, :, i] @ u)
+        end = c[:, :, i, -1].exp()[..., None, None]  # (B, H, 1, 1)
+        state = state * end + k_decayed[:, :, i].transpose(-2, -1) @ u  # (B, H, d_k, d_v)
+    out = torch.stack(outputs, dim=2).reshape(B, H, n * size, -1)[:, :, :L]
+    return out, state  # (B, H, L, d_v), (B, H, d_k, d_v)
