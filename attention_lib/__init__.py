@@ -125,3 +125,9 @@ __all__ += [
     "rope_frequencies",
     "rope_permutation",
 ]
+
+# --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 15)
+from .dsa import lightning_indexer, top_k_keys
+from .mla import LatentKVCache, MultiHeadLatentAttention
+
+__all__ += ["LatentKVCache", "MultiHeadLatentAttention", "lightning_indexer", "top_k_keys"]

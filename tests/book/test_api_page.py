@@ -43,6 +43,8 @@ SUBMODULE_ONLY = {
     "attention_lib.sdpa.attend",
     "attention_lib.tiled.tiled_core",
     "attention_lib.tiled.DEFAULT_BLOCK_SIZE",
+    "attention_lib.dsa.LightningIndexer",
+    "attention_lib.dsa.top_k_mask",
 }
 
 
