@@ -9,8 +9,11 @@ points in a PNG rendered at ``dpi`` dots per inch is ``pt * dpi / 72`` image
 pixels high; shown ``displayed`` CSS px wide instead of its ``natural`` width
 in pixels, it is :func:`text_css_px` CSS px high. The rules:
 
-- every figure is rendered at :data:`DPI` = 96, one image pixel per CSS px at
-  natural size (so a 9-pt label is 12 CSS px, like 9-pt text of the page);
+- every figure is laid out at :data:`DPI` = 96, one CSS px per image "dot" at
+  natural size (so a 9-pt label is 12 CSS px, like 9-pt text of the page); the
+  notebooks' static figures are saved with :data:`PIXEL_RATIO` = 2 image pixels per
+  CSS px (the inline backend's ``retina`` PNG, whose ``width`` tells the page its
+  size in CSS px), so they are sharp on 2x screens;
 - no text is smaller than :data:`MIN_FONT_PT` = 8 pt (10.7 CSS px at natural size);
 - a figure is at most :data:`MAX_WIDTH_IN` = 7.1 in (682 px) wide, so the column
   never shrinks it on a desktop: its smallest text stays >= :data:`MIN_TEXT_PX`
@@ -37,6 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
 COLUMN_PX = 688
 #: Resolution of every figure: one image pixel per CSS px at natural size.
 DPI = 96
+#: Image pixels per CSS px of the notebooks' static figures (sharp on 2x screens).
+PIXEL_RATIO = 2
 #: The smallest font of any figure, in points.
 MIN_FONT_PT = 8.0
 #: The smallest text a reader should meet in a figure on a desktop, in CSS px.
@@ -80,11 +85,32 @@ def use_book_style() -> None:
     """Apply the book's figure rules to every figure made from now on (e.g. ``plt``'s).
 
     Call it once, after ``import matplotlib.pyplot`` (the inline backend sets its own
-    resolution when pyplot is imported).
+    resolution when pyplot is imported). In a notebook it also makes the inline backend
+    save figures with :data:`PIXEL_RATIO` pixels per CSS px (its ``retina`` format).
     """
     import matplotlib
 
     matplotlib.rcParams.update(BOOK_RC)
+    _retina_inline_figures()
+
+
+def _retina_inline_figures() -> None:
+    """Figures shown by the inline backend as 2x PNGs (nothing outside IPython)."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+    except ImportError:  # pragma: no cover - matplotlib without IPython
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    # The inline backend's own setting where it is loaded (it re-registers the
+    # formatters with its print options); else the formatters directly.
+    inline = [c for c in shell.configurables if type(c).__name__ == "InlineBackend"]
+    for backend in inline:
+        backend.figure_formats = {"retina"}
+    if not inline:
+        select_figure_formats(shell, {"retina"})
 
 
 def _texts(fig: Figure, draw: bool = True) -> list[Any]:

@@ -7,6 +7,7 @@ width it is displayed at (the book's column, measured in Chromium at 1280 px):
 
 from __future__ import annotations
 
+import base64
 import io
 import math
 
@@ -191,3 +192,33 @@ def test_use_book_style_applies_to_plain_figures_and_book_style_is_scoped():
     ax.legend()
     assert fig.dpi == DPI and smallest_font_pt(fig) >= MIN_FONT_PT
     assert smallest_text_px(fig) >= MIN_TEXT_PX
+
+
+def test_use_book_style_makes_notebook_figures_sharp_on_2x_screens():
+    # In a notebook (an IPython shell), the inline backend then shows every figure as a PNG
+    # of PIXEL_RATIO pixels per CSS px, with the width in CSS px the page shows it at.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        use_book_style()
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.plot([0, 1], [1, 0])
+        data, metadata = shell.display_formatter.format(fig)
+        png = data["image/png"]
+        png = png if isinstance(png, bytes) else base64.b64decode(png)
+        with Image.open(io.BytesIO(png)) as image:
+            width, dpi = image.width, image.info["dpi"][0]
+        assert style.PIXEL_RATIO == 2
+        assert metadata["image/png"]["width"] == width // style.PIXEL_RATIO
+        assert dpi == pytest.approx(DPI * style.PIXEL_RATIO, abs=0.5)
+        # the smallest text in CSS px is the same as a 1x figure's at natural size
+        shown = metadata["image/png"]["width"]
+        assert text_css_px(MIN_FONT_PT, dpi, width, shown) == pytest.approx(
+            MIN_FONT_PT * DPI / 72, rel=0.01
+        )
+    finally:
+        from IPython.core.pylabtools import select_figure_formats
+
+        select_figure_formats(shell, {"png"})
+        InteractiveShell.clear_instance()
