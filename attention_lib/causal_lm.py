@@ -20,6 +20,7 @@ Explained in chapter 8, *Attention that writes*.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,7 +28,14 @@ from torch import Tensor, nn
 
 from .encoder import POSITIONAL_KINDS, Encoder, position_module
 from .kv_cache import KVCache
-from .validation import check_choice, check_instance, check_int, check_token_ids
+from .validation import (
+    check_choice,
+    check_instance,
+    check_int,
+    check_mask,
+    check_positions,
+    check_token_ids,
+)
 
 #: Accepted values of ``CausalLM(positional=...)``: chapter 7's kinds and RoPE.
 DECODER_POSITIONAL_KINDS = (*POSITIONAL_KINDS, "rope")
@@ -65,6 +73,15 @@ class CausalLM(nn.Module):
         window: sliding-window attention (chapter 9): position ``i`` sees the
             tokens ``i - window < j <= i`` only; generation then keeps a rolling
             cache of ``window`` tokens. ``None`` for plain causal attention.
+        layer_types: one name per layer, ``"full"``, ``"sliding"`` (with
+            ``window``) or ``"chunked"`` (with ``chunk_size``), or another name
+            of :data:`~attention_lib.layer_types.LAYER_TYPES` (Gemma 2 and 3's
+            local and global layers, Llama 4's chunks; chapter 14, in
+            preparation). Each layer then keeps its own cache, only what it
+            can see. ``None`` (default): every layer alike, ``window`` in all.
+        chunk_size: the chunk of the ``"chunked"`` layers.
+        nope_layers: indices of the layers that get no RoPE (NoPE, Llama 4's
+            global layers), with ``positional="rope"``.
         **attention: further options of every layer's
             :class:`~attention_lib.MultiHeadAttention`: ``qk_norm``,
             ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
@@ -91,11 +108,20 @@ class CausalLM(nn.Module):
         num_kv_heads: int | None = None,
         rope_base: float = 10000.0,
         window: int | None = None,
+        layer_types: Sequence[str] | None = None,
+        chunk_size: int | None = None,
+        nope_layers: Sequence[int] = (),
         **attention: Any,
     ) -> None:
         super().__init__()
         check_choice("positional", positional, DECODER_POSITIONAL_KINDS)
         self.window = None if window is None else check_int("window", window, minimum=1)
+        self.layer_types = None if layer_types is None else tuple(layer_types)
+        if layer_types is not None:  # per-layer spans: each layer's cache is its own
+            self.window = None
+            spans = {"sliding": window, "chunked": chunk_size}
+            if any(spans.get(kind, 0) is None for kind in self.layer_types):
+                raise ValueError("'sliding' layers need a window, 'chunked' ones chunk_size")
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
@@ -115,6 +141,9 @@ class CausalLM(nn.Module):
             num_kv_heads=num_kv_heads,
             rope_base=rope_base if positional == "rope" else None,
             window=window,
+            chunk_size=chunk_size,
+            layer_types=layer_types,
+            nope_layers=nope_layers,
             **attention,
         )
         self.head = nn.Linear(d_model, vocab_size)
@@ -124,7 +153,13 @@ class CausalLM(nn.Module):
         return len(self.blocks.layers)
 
     def forward(
-        self, tokens: Tensor, *, cache: KVCache | None = None, need_weights: bool = False
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Next-token logits for every position of ``tokens``.
 
@@ -134,6 +169,14 @@ class CausalLM(nn.Module):
                 of the ``T`` tokens before ``tokens`` (empty for a new sequence);
                 the keys and values of ``tokens`` are appended to it.
             need_weights: also return the attention weights of every layer and head.
+            mask: a padding keep-mask ``(B, P + L)`` over every token so far
+                (the ``P = cache.position`` seen before, then ``tokens``):
+                ``True``/1 = a real token, ``False``/0 = padding that no query
+                attends to (left padding of a ragged batch, chapter 11);
+                combined with the causal mask. ``None``: every token is real.
+            positions: ``(B, L)`` or ``(L,)`` integer positions of ``tokens``,
+                e.g. each left-padded sequence counting from its own first
+                real token (chapter 11); ``None`` means ``P, P + 1, ...``.
 
         Returns:
             ``logits`` ``(B, L, vocab_size)``, or ``(logits, weights)`` with
@@ -143,8 +186,9 @@ class CausalLM(nn.Module):
             TypeError: if ``tokens`` is not an integer tensor or ``cache`` not a
                 :class:`~attention_lib.KVCache`.
             ValueError: if ``tokens`` is not ``(B, L)`` with ``L >= 1``, holds ids
-                outside ``[0, vocab_size)``, or would run past ``max_len``; or
-                if the cache belongs to another batch, dtype or model.
+                outside ``[0, vocab_size)``, or would run past ``max_len``; if
+                the cache belongs to another batch, dtype or model; or if
+                ``mask`` or ``positions`` do not fit.
         """
         check_token_ids(tokens, self.vocab_size)
         past = 0 if cache is None else self.check_cache(cache)
@@ -152,7 +196,19 @@ class CausalLM(nn.Module):
         check_int("the length L of tokens (B, L)", length, minimum=1)
         if past + length > limit:  # chapter 9 shows this error
             raise ValueError(f"{past} cached + {length} new tokens is longer than max_len={limit}")
-        positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
+        if positions is None:
+            positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
+        elif check_positions(positions, tokens.shape, tokens.device).numel() and not (
+            0 <= int(positions.min()) <= int(positions.max()) < limit
+        ):
+            raise ValueError(f"positions must lie in [0, max_len={limit}), got {positions}")
+        keep = None
+        if mask is not None:  # padding: (B, P + L) -> the stored and new keys (B, 1, 1, T + L)
+            if cache is not None and (cache.sink_tokens is not None or self.layer_types):
+                raise ValueError("a padding mask needs a cache alike in every layer, no sinks")
+            keep = check_mask(mask, (tokens.shape[0], past + length), device=tokens.device)
+            stored = length + (0 if cache is None else len(cache))  # a rolling cache drops some
+            keep = keep.expand(tokens.shape[0], -1)[:, None, None, -stored:]
         x = self.embedding(tokens)  # (B, L, d)
         if isinstance(self.position, nn.Embedding):  # learned positions
             x = x + self.position(positions)  # (B, L, d) + (L, d)
@@ -161,7 +217,7 @@ class CausalLM(nn.Module):
         # Causal in every layer: bottom-right after the cached tokens (chapter 5), the
         # layers' window if any, and RoPE at `positions`; prepared once, passed down.
         out = self.blocks(
-            x, is_causal=True, need_weights=need_weights, cache=cache, positions=positions
+            x, keep, is_causal=True, need_weights=need_weights, cache=cache, positions=positions
         )
         if not need_weights:
             return self.head(out)  # (B, L, V)
@@ -182,6 +238,11 @@ class CausalLM(nn.Module):
             ValueError: naming what does not fit.
         """
         check_instance("cache", cache, KVCache, "a KVCache or None")
+        if self.layer_types is not None:  # each layer has made (and keeps) its own cache
+            made = [_kind(layer.make_cache()) for layer in self.blocks.layers]
+            if cache.window or cache.sink_tokens is not None or _kinds(cache) not in ([], made):
+                raise ValueError("a model with layer_types needs a KVCache() it has filled itself")
+            return cache.position
         if cache.sink_tokens is not None and self.window is not None:  # positions not contiguous
             raise ValueError("a cache with sink_tokens is for a model without a window")
         drops = cache.window is not None and (self.window is None or cache.window < self.window)
@@ -190,3 +251,16 @@ class CausalLM(nn.Module):
         if cache.layers and len(cache.layers) != self.num_layers:
             raise ValueError(f"cache holds {len(cache.layers)} layers, not {self.num_layers}")
         return cache.position  # each layer's attention checks its own cache
+
+
+def _kind(layer_cache: Any) -> tuple:
+    """What kind of per-layer cache this is: its type, window and chunk."""
+    return (
+        type(layer_cache),
+        getattr(layer_cache, "window", None),
+        getattr(layer_cache, "chunk", None),
+    )
+
+
+def _kinds(cache: KVCache) -> list[tuple]:
+    return [_kind(layer_cache) for layer_cache in cache.layers]

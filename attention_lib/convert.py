@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +27,49 @@ from .validation import check_instance
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _CONFIG_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "rope_parameters")
+#: transformers' names of the per-layer attention types -> ``CausalLM(layer_types=...)``'s.
+HF_LAYER_TYPES = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+}
+
+
+def layer_options_from_hf(config: Any) -> dict[str, Any]:
+    """The per-layer options of a 🤗 transformers model config, as
+    :class:`~attention_lib.CausalLM` takes them.
+
+    Reads ``config.layer_types`` (``"full_attention"``, ``"sliding_attention"``,
+    ``"chunked_attention"``, one per layer: Gemma 2 and 3, Llama 4, ...),
+    ``sliding_window``, ``attention_chunk_size`` and Llama 4's
+    ``no_rope_layers`` (``0`` marks a layer without RoPE). Chapter 14, *Long
+    contexts*, in preparation, will explain it.
+
+    Args:
+        config: a transformers ``PretrainedConfig`` (or any object with those
+            fields) that has ``layer_types``.
+
+    Returns:
+        ``{"layer_types": [...], "window": ..., "chunk_size": ...,
+        "nope_layers": [...]}``.
+
+    Raises:
+        ValueError: if ``config`` has no ``layer_types``, or a layer type this
+            package does not compute (e.g. ``"linear_attention"``).
+    """
+    kinds = list(getattr(config, "layer_types", None) or [])
+    unknown = sorted(set(kinds) - set(HF_LAYER_TYPES))
+    if not kinds or unknown:
+        raise ValueError(f"config must have layer_types among {list(HF_LAYER_TYPES)}, got {kinds}")
+    no_rope = getattr(config, "no_rope_layers", None) or [1] * len(kinds)
+    return {
+        "layer_types": [HF_LAYER_TYPES[kind] for kind in kinds],
+        "window": getattr(config, "sliding_window", None) if "sliding_attention" in kinds else None,
+        "chunk_size": getattr(config, "attention_chunk_size", None)
+        if "chunked_attention" in kinds
+        else None,
+        "nope_layers": [i for i, uses_rope in enumerate(no_rope) if not uses_rope],
+    }
 
 
 def from_torch(module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiHeadAttention:

@@ -24,12 +24,14 @@ Explained in chapter 7, *Attention that has learned something*.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .kv_cache import KVCache, LayerKVCache
+from .layer_types import LAYER_TYPES
 from .mha import MultiHeadAttention
 from .rope import inverse_frequencies
 from .validation import (
@@ -207,6 +209,10 @@ class EncoderLayer(nn.Module):
             it is, ``need_weights=True`` computes with the lib backend),
             ``num_kv_heads``, ``rope_base`` and ``window`` (chapter 9),
             ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
+        layer_type: a name of :data:`~attention_lib.layer_types.LAYER_TYPES`
+            (``"full"``, ``"sliding"``, ``"chunked"``, ...): its ``make_mixer``
+            builds the token mixer from these options (chapter 14, in
+            preparation); ``None`` (default) for a ``MultiHeadAttention``.
 
     A building block: its ``forward`` checks nothing itself; its
     self-attention, a :class:`~attention_lib.MultiHeadAttention`, validates
@@ -226,18 +232,21 @@ class EncoderLayer(nn.Module):
         num_heads: int,
         d_ff: int | None = None,
         dropout: float = 0.0,
+        *,
+        layer_type: str | None = None,
         **attention: Any,
     ) -> None:
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.norm1 = nn.LayerNorm(d_model)
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            num_heads,
-            dropout=dropout,
-            **attention,
-        )
+        self.layer_type = layer_type
+        if layer_type is None:
+            self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, **attention)
+        else:  # the token mixer of this layer type (a table, chapter 14)
+            check_choice("layer type", layer_type, tuple(LAYER_TYPES))
+            make_mixer = LAYER_TYPES[layer_type].make_mixer
+            self.self_attn = make_mixer(d_model, num_heads, dropout=dropout, **attention)
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
@@ -289,6 +298,13 @@ class EncoderLayer(nn.Module):
         x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
 
+    def make_cache(self) -> Any:
+        """An empty cache for this layer: its layer type's ``make_cache``, or a
+        plain :class:`~attention_lib.LayerKVCache` without a layer type."""
+        if self.layer_type is None:
+            return LayerKVCache()
+        return LAYER_TYPES[self.layer_type].make_cache(self.self_attn)
+
 
 class Encoder(nn.Module):
     """A stack of pre-LN :class:`EncoderLayer` s followed by a final ``LayerNorm``.
@@ -306,6 +322,12 @@ class Encoder(nn.Module):
         num_layers: number of layers.
         d_ff: hidden width of the feed-forward blocks; defaults to ``4 * d_model``.
         dropout: dropout probability (``train()`` only).
+        layer_types: one name of :data:`~attention_lib.layer_types.LAYER_TYPES`
+            per layer (``"full"``, ``"sliding"`` with ``window``, ``"chunked"``
+            with ``chunk_size``; chapter 14, in preparation), or ``None``
+            (default): every layer a ``MultiHeadAttention`` with the same options.
+        nope_layers: indices of layers without RoPE (NoPE, Llama 4's global
+            layers): their attention gets ``rope_base=None``.
         **attention: the self-attention options of every layer (see
             :class:`EncoderLayer`).
 
@@ -323,20 +345,30 @@ class Encoder(nn.Module):
         num_layers: int,
         d_ff: int | None = None,
         dropout: float = 0.0,
+        *,
+        layer_types: Sequence[str] | None = None,
+        nope_layers: Sequence[int] = (),
         **attention: Any,
     ) -> None:
         super().__init__()
         check_int("num_layers", num_layers, minimum=1)
         self.d_model = d_model  # checked by the layers
+        kinds = [None] * num_layers if layer_types is None else list(layer_types)
+        if len(kinds) != num_layers or not set(nope_layers) <= set(range(num_layers)):
+            given = f"layer_types={layer_types}, nope_layers={nope_layers}"
+            raise ValueError(
+                f"one layer type per layer, indices < num_layers={num_layers}: {given}"
+            )
         self.layers = nn.ModuleList(
             EncoderLayer(
                 d_model,
                 num_heads,
                 d_ff,
                 dropout,
-                **attention,
+                layer_type=kind,
+                **({**attention, "rope_base": None} if i in nope_layers else attention),
             )
-            for _ in range(num_layers)
+            for i, kind in enumerate(kinds)
         )
         self.norm = nn.LayerNorm(d_model)
 
@@ -399,7 +431,7 @@ class Encoder(nn.Module):
                 mask,
                 is_causal=is_causal,
                 need_weights=need_weights,
-                kv_cache=None if cache is None else cache.layer(i),
+                kv_cache=None if cache is None else cache.layer(i, self._cache_maker(layer)),
                 positions=positions,
             )
             x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
@@ -407,7 +439,14 @@ class Encoder(nn.Module):
         x = self.norm(x)
         if not need_weights:
             return x
+        if len({w.shape for w in all_weights}) > 1:  # caches of different spans
+            raise ValueError("need_weights: the layers' caches hold different numbers of keys")
         return x, torch.stack(all_weights, dim=1)  # (B, num_layers, H, L, Lk)
+
+    @staticmethod
+    def _cache_maker(layer: EncoderLayer) -> Any:
+        """How ``cache.layer`` makes ``layer``'s cache: its type's, or the KVCache's own."""
+        return None if layer.layer_type is None else layer.make_cache
 
 
 class TokenClassifier(nn.Module):

@@ -21,6 +21,9 @@ Explained in chapter 8, *Attention that writes*.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -134,6 +137,40 @@ class LayerKVCache:
         return key, value
 
 
+class ChunkKVCache(LayerKVCache):
+    """The cache of a chunked-attention layer (Llama 4's local layers): only the
+    current chunk.
+
+    A query of a chunked layer sees only the keys of its own chunk of
+    ``chunk`` positions (``0 .. chunk - 1``, ``chunk .. 2 chunk - 1``, ...), so
+    when a chunk is full its keys and values are dropped: the cache never holds
+    more than ``chunk - 1`` positions, and the keys it holds always start a
+    chunk (what :class:`~attention_lib.masks.Causal`'s ``chunk`` assumes).
+    Chapter 14, *Long contexts*, in preparation, will explain it.
+
+    Args:
+        chunk: the chunk length ``c >= 1``.
+
+    Attributes:
+        chunk: the chunk length.
+        dropped: how many positions were dropped (a multiple of ``chunk``).
+    """
+
+    def __init__(self, chunk: int) -> None:
+        super().__init__()
+        self.chunk = check_int("chunk", chunk, minimum=1)
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new positions, keep those of the chunk of the next position,
+        and return all of them (see :meth:`LayerKVCache.update`)."""
+        key, value = super().update(key, value)  # (B, H_kv, T + L_new, d_k)
+        drop = self.position // self.chunk * self.chunk - self.dropped  # a whole chunk or more
+        if drop:
+            self.key, self.value = (t[..., drop:, :].clone() for t in (key, value))
+            self.dropped += drop
+        return key, value
+
+
 class KVCache:
     """The keys and values of every layer of a decoder, in the order of the tokens.
 
@@ -152,8 +189,15 @@ class KVCache:
             tokens for ever (StreamingLLM, chapter 13); a model without a
             window then attends to the sinks and the last ``window`` tokens.
 
+    A model whose layers see different spans (``CausalLM(layer_types=...)``,
+    chapter 14 in preparation) makes each layer's cache itself: a
+    :class:`LayerKVCache` for a full layer, a rolling one for a sliding layer, a
+    :class:`ChunkKVCache` for a chunked one (:mod:`attention_lib.layer_types`).
+
     Attributes:
-        layers: one :class:`LayerKVCache` per attention layer (created on first use).
+        layers: one cache per layer (created on first use): a
+            :class:`LayerKVCache` or another per-layer cache with ``position``,
+            ``nbytes`` and ``len()``.
         window: the rolling window, or ``None``.
 
     Example:
@@ -163,19 +207,27 @@ class KVCache:
     """
 
     def __init__(self, window: int | None = None, sink_tokens: int | None = None) -> None:
-        self.layers: list[LayerKVCache] = []
+        self.layers: list[Any] = []
         self.window = None if window is None else check_int("window", window, minimum=1)
         self.sink_tokens = _check_sinks(sink_tokens, window)
 
-    def layer(self, index: int) -> LayerKVCache:
-        """The cache of layer ``index`` (created empty the first time it is asked for)."""
-        while len(self.layers) <= index:
+    def layer(self, index: int, make: Callable[[], Any] | None = None) -> Any:
+        """The cache of layer ``index``, created empty the first time it is asked
+        for: by ``make()`` if given (a model whose layers keep different caches,
+        see :mod:`attention_lib.layer_types`), else a
+        ``LayerKVCache(window, sink_tokens)``. A building block: no checks."""
+        while len(self.layers) < index:
             self.layers.append(LayerKVCache(self.window, self.sink_tokens))
+        if len(self.layers) == index:
+            self.layers.append(
+                LayerKVCache(self.window, self.sink_tokens) if make is None else make()
+            )
         return self.layers[index]
 
     def __len__(self) -> int:
-        """The number of tokens stored (the same in every layer)."""
-        return len(self.layers[0]) if self.layers else 0
+        """The number of tokens stored by the layer that stores the most (the same
+        in every layer of a model whose layers are all alike)."""
+        return max((len(layer) for layer in self.layers), default=0)
 
     @property
     def position(self) -> int:

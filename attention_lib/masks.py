@@ -28,7 +28,10 @@ class Causal(NamedTuple):
     """A causal mask described, not built: what an entry point passes down.
 
     Query ``i`` sits at key position ``i + offset`` and may attend to keys
-    ``j <= i + offset``; with a ``window``, only to ``i + offset - window < j``.
+    ``j <= i + offset``; with a ``window``, only to ``i + offset - window < j``;
+    with a ``chunk``, only to keys in its own chunk, ``j // chunk == (i +
+    offset) // chunk`` (Llama 4's chunked attention; key 0 starts a chunk, as
+    it does in a chunked layer's cache, chapter 14).
     ``offset = 0`` is the top-left alignment of
     ``F.scaled_dot_product_attention(is_causal=True)``; ``offset = Lk - Lq``
     the bottom-right one, for queries that are the *last* ``Lq`` of the ``Lk``
@@ -37,6 +40,7 @@ class Causal(NamedTuple):
 
     offset: int = 0
     window: int | None = None
+    chunk: int | None = None
 
 
 def causal_mask(
@@ -45,6 +49,7 @@ def causal_mask(
     *,
     offset: int = 0,
     window: int | None = None,
+    chunk: int | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
     """Causal keep-mask: query ``i`` may attend to keys ``0 .. i + offset``.
@@ -62,8 +67,15 @@ def causal_mask(
     definition of 🤗 transformers' ``sliding_window_causal_mask_function``
     (Mistral-style models).
 
+    With a ``chunk``, the keys are cut into chunks of ``chunk`` positions
+    (``0 .. chunk - 1``, ``chunk .. 2 chunk - 1``, ...) and query ``i`` sees
+    only the keys of its own chunk that are not in its future, ``j // chunk ==
+    (i + offset) // chunk``: 🤗 transformers' ``chunked_causal_mask_function``
+    (Llama 4's local layers). Like the window, it is aligned with the cache by
+    ``offset``; ``window`` and ``chunk`` together keep what both keep.
+
     Explained in chapter 5, *Masking*; sliding windows in chapter 9,
-    *Attention in today's LLMs*.
+    *Attention in today's LLMs*; chunks in chapter 14, *Long contexts*.
 
     Args:
         q_len: number of queries ``Lq``.
@@ -72,6 +84,7 @@ def causal_mask(
             may be negative.
         window: sliding-window length ``w >= 1``; ``None`` (default) for the
             plain causal mask.
+        chunk: chunk length ``c >= 1``; ``None`` (default) for no chunks.
         device: device of the returned mask.
 
     Returns:
@@ -79,7 +92,7 @@ def causal_mask(
 
     Raises:
         TypeError: if a length, ``offset`` or ``window`` is not an int.
-        ValueError: if a length is negative or ``window < 1``.
+        ValueError: if a length is negative, ``window < 1`` or ``chunk < 1``.
 
     Example:
         >>> causal_mask(3)
@@ -93,19 +106,30 @@ def causal_mask(
                 [0, 0, 1, 1]], dtype=torch.int32)
         >>> causal_mask(1, 3, offset=2)  # one new query after two cached keys
         tensor([[True, True, True]])
+        >>> causal_mask(4, chunk=2).int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 0, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
     """
     q_len = check_int("q_len", q_len, minimum=0)
     k_len = q_len if k_len is None else check_int("k_len", k_len, minimum=0)
     offset = check_int("offset", offset, minimum=-(2**62))
     window = None if window is None else check_int("window", window, minimum=1)
-    return _causal(q_len, k_len, Causal(offset, window), device)
+    chunk = None if chunk is None else check_int("chunk", chunk, minimum=1)
+    return _causal(q_len, k_len, Causal(offset, window, chunk), device)
 
 
 def _causal(q_len: int, k_len: int, causal: Causal, device: torch.device | str | None) -> Tensor:
     """:func:`causal_mask` without the checks."""
-    offset, window = causal
+    offset, window, chunk = causal
     keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(offset)  # (Lq, Lk)
-    return keep if window is None else keep.triu(offset - window + 1)  # ... and j > i + o - w
+    if window is not None:
+        keep = keep.triu(offset - window + 1)  # ... and j > i + o - w
+    if chunk is not None:  # ... and j in the chunk of i + o
+        rows = torch.arange(offset, offset + q_len, device=device)[:, None] // chunk  # (Lq, 1)
+        keep &= torch.arange(k_len, device=device) // chunk == rows  # (Lq, Lk)
+    return keep
 
 
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) -> Tensor:
@@ -198,8 +222,9 @@ def with_causal(
     when nothing is masked (no checks: the entry points validated everything)."""
     if causal is None:
         return keep
-    offset, window = causal
-    if offset >= k_len - 1 and (window is None or q_len - 1 + offset < window):
+    offset, window, chunk = causal
+    last = q_len - 1 + offset  # key position of the last query
+    if offset >= k_len - 1 and all(n is None or last < n for n in (window, chunk)):
         return keep  # every query sees every key: e.g. one new token after its cache
     mask = _causal(q_len, k_len, causal, device if keep is None else keep.device)  # (Lq, Lk)
     return mask if keep is None else keep & mask  # (..., Lq, Lk)

@@ -98,6 +98,11 @@ class MultiHeadAttention(nn.Module):
             ``is_causal=True`` a query sees only itself and the ``window - 1``
             keys before it (chapter 9); the module then refuses calls without
             ``is_causal``. ``None`` (default) for no window.
+        chunk_size: chunked attention (Llama 4's local layers): with
+            ``is_causal=True`` a query sees only the keys of its own chunk of
+            ``chunk_size`` positions (chapter 14, in preparation); refuses
+            calls without ``is_causal`` and a cache that does not start a chunk
+            (use a :class:`~attention_lib.ChunkKVCache`). ``None`` for none.
         qk_norm: QK-norm (Qwen3, OLMo 2): an ``nn.RMSNorm`` over each head's
             width, with a learned weight, on the queries and on the keys,
             before RoPE (chapter 13).
@@ -124,6 +129,7 @@ class MultiHeadAttention(nn.Module):
         rope_base: the RoPE base, or ``None``.
         scale: the scores' multiplier, or ``None`` for ``1 / sqrt(d_k)``.
         window: the sliding window, or ``None``.
+        chunk_size: the attention chunk, or ``None``.
         dropout: dropout probability on the attention weights.
         backend: name of the attention backend (assigning another name switches
             backend; an unknown name raises ``ValueError``).
@@ -167,6 +173,7 @@ class MultiHeadAttention(nn.Module):
         rope_base: float | None = None,
         scale: float | None = None,
         window: int | None = None,
+        chunk_size: int | None = None,
         qk_norm: bool = False,
         softcap: float | None = None,
         sink: bool = False,
@@ -190,6 +197,9 @@ class MultiHeadAttention(nn.Module):
         self.rope_base = rope_base
         self.scale = None if scale is None else check_real("scale", scale, above=0)
         self.window = None if window is None else check_int("window", window, minimum=1)
+        self.chunk_size = (
+            None if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
+        )
         self.softcap = None if softcap is None else check_real("softcap", softcap, above=0)
         factory = {"device": device, "dtype": dtype}
         # Where attention goes (chapter 13): one learned sink logit per head (gpt-oss).
@@ -236,6 +246,7 @@ class MultiHeadAttention(nn.Module):
             "rope_base": self.rope_base,
             "scale": self.scale,
             "window": self.window,
+            "chunk_size": self.chunk_size,
             "qk_norm": self.q_norm is not None or None,
             "softcap": self.softcap,
             "sink": self.sink is not None or None,
@@ -333,8 +344,14 @@ class MultiHeadAttention(nn.Module):
             mask = check_mask(
                 mask, (batch, self.num_heads, q_len, past + k_len), device=weight.device
             )
-        if self.window is not None and not is_causal:
-            raise ValueError(f"window={self.window} is causal: pass is_causal=True")
+        if (self.window or self.chunk_size) and not is_causal:
+            raise ValueError(f"window={self.window}, chunk_size={self.chunk_size}: pass is_causal")
+        if (
+            self.chunk_size
+            and kv_cache is not None
+            and (kv_cache.dropped % self.chunk_size or kv_cache.sink_tokens is not None)
+        ):
+            raise ValueError(f"kv_cache does not start a chunk of {self.chunk_size}: ChunkKVCache")
         if self.rope_base is not None:
             start = 0 if kv_cache is None else kv_cache.position
             if positions is None:
@@ -342,7 +359,7 @@ class MultiHeadAttention(nn.Module):
             else:  # the queries' positions are the keys' too: self-attention
                 check_same("length (with positions)", query=q_len, key=k_len)
                 check_positions(positions, (batch, q_len), weight.device)
-        causal = Causal(past, self.window) if is_causal else None
+        causal = Causal(past, self.window, self.chunk_size) if is_causal else None
         return self.attend(
             query,
             key,

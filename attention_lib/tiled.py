@@ -392,16 +392,21 @@ class _Tiles(NamedTuple):
     batch_shape: tuple[int, ...]  # the leading dims "..." flattened into N
     block_q: int
     block_k: int
-    causal: Causal | None  # query i sees keys j <= i + offset (and > i + offset - window)
+    causal: Causal | None  # query i sees keys j <= i + offset (> i + offset - window, same chunk)
     scale: float
 
     def key_start(self, q_start: int) -> int:
         """Start of the first key block that the query block at ``q_start`` sees."""
-        if self.causal is None or self.causal.window is None:
+        if self.causal is None:
             return 0
-        # Window: keys j <= q_start + offset - window are seen by no query of this
-        # block; the key blocks that lie entirely before the band are skipped.
-        first_key = max(0, q_start + self.causal.offset - self.causal.window + 1)
+        offset, window, chunk = self.causal
+        first_key = 0
+        if window is not None:
+            # Window: keys j <= q_start + offset - window are seen by no query of this
+            # block; the key blocks that lie entirely before the band are skipped.
+            first_key = max(0, q_start + offset - window + 1)
+        if chunk is not None:  # Chunk: keys before the first query's chunk neither
+            first_key = max(first_key, (q_start + offset) // chunk * chunk)
         return first_key // self.block_k * self.block_k
 
     def key_stop(self, q_end: int, k_len: int) -> int:
@@ -420,26 +425,36 @@ class _Tiles(NamedTuple):
 
     def query_stop(self, k_end: int, q_len: int) -> int:
         """End of the queries that see the key block ending at ``k_end``."""
-        if self.causal is None or self.causal.window is None:
+        if self.causal is None:
             return q_len
-        # Window: key j is seen by queries j - offset .. j - offset + window - 1 only.
-        return min(q_len, max(0, k_end - 1 - self.causal.offset + self.causal.window))
+        offset, window, chunk = self.causal
+        stop = q_len
+        if window is not None:
+            # Window: key j is seen by queries j - offset .. j - offset + window - 1 only.
+            stop = min(stop, max(0, k_end - 1 - offset + window))
+        if chunk is not None:  # Chunk: key j is seen by queries up to its chunk's end
+            stop = min(stop, max(0, ((k_end - 1) // chunk + 1) * chunk - offset))
+        return stop
 
     def keep_tile(
         self, keep: Tensor | None, q_start: int, q_end: int, k_start: int, k_end: int, n: int
     ) -> Tensor | None:
         """Bool keep-mask of one tile, ``(N or 1, bq, bk)``; ``None`` = keep all."""
         tile_keep = None
-        offset, window = (0, None) if self.causal is None else self.causal
+        offset, window, chunk = (0, None, None) if self.causal is None else self.causal
         crosses_diagonal = self.causal is not None and k_end - 1 > q_start + offset
         # the lower edge of the window band, j > i + offset - window, crosses this tile
         crosses_band_edge = window is not None and k_start <= q_end - 1 + offset - window
-        if crosses_diagonal or crosses_band_edge:
+        # a chunk starts after the first key of this tile, at or before its last query
+        crosses_chunk = chunk is not None and k_start < (q_end - 1 + offset) // chunk * chunk
+        if crosses_diagonal or crosses_band_edge or crosses_chunk:
             rows = torch.arange(q_start, q_end, device=_device(keep)).unsqueeze(1) + offset
             cols = torch.arange(k_start, k_end, device=rows.device)  # (bk,)
             tile_keep = cols <= rows  # (bq, bk): key j <= query i + offset
             if crosses_band_edge:
                 tile_keep &= cols > rows - window  # ... and j > i + offset - window
+            if crosses_chunk:
+                tile_keep &= cols // chunk == rows // chunk  # ... and j in the chunk of i
             tile_keep = tile_keep.unsqueeze(0)  # (1, bq, bk)
         if keep is not None:
             user = keep[..., q_start:q_end, k_start:k_end]  # (..., bq, bk), a view

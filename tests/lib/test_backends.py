@@ -24,6 +24,7 @@ def test_the_table_names_three_backends() -> None:
 
 
 CAUSAL = [None, Causal(), Causal(2), Causal(-1), Causal(0, 2), Causal(3, 2), Causal(4, 1)]
+CAUSAL += [Causal(0, None, 2), Causal(3, None, 2), Causal(2, 3, 3), Causal(5, None, 4)]  # chunks
 
 
 @pytest.mark.parametrize("causal", CAUSAL)
@@ -43,7 +44,9 @@ def test_backends_agree_with_fused_sdpa(causal, with_mask, q_len, k_len, kv_head
         keep[0, 0, 0] = False  # a fully masked row
     full = torch.ones(q_len, k_len, dtype=torch.bool)
     if causal is not None:
-        full = causal_mask(q_len, k_len, offset=causal.offset, window=causal.window)
+        full = causal_mask(
+            q_len, k_len, offset=causal.offset, window=causal.window, chunk=causal.chunk
+        )
     full = full if keep is None else full & keep
     reference = F.scaled_dot_product_attention(
         q, k, v, attn_mask=full, scale=0.3, enable_gqa=kv_heads != 4

@@ -1,0 +1,100 @@
+"""Layer types: what each layer of a model mixes its tokens with, and what it caches.
+
+Long-context models stop giving every layer the same view of the context.
+Gemma 2 alternates sliding-window ("local") and full ("global") layers, Gemma 3
+has five local layers per global one, Llama 4 attends within chunks in three
+layers of four, and hybrid models replace some attention layers by a linear
+recurrence. :class:`~attention_lib.CausalLM` takes one name per layer,
+``layer_types=["sliding", "full", ...]``, and this table says what each name
+means:
+
+* ``make_mixer(d_model, num_heads, *, dropout, window, chunk_size, **attention)``
+  builds the layer's token-mixing module (the "self-attention" sublayer of its
+  :class:`~attention_lib.EncoderLayer`), called as a self-attention:
+  ``mixer(x, x, x, mask, is_causal=..., need_weights=..., kv_cache=...,
+  positions=...)``;
+* ``make_cache(mixer)`` makes the per-layer cache that
+  :class:`~attention_lib.KVCache` keeps for it: only what the layer can see.
+
+The three types of this package, all :class:`~attention_lib.MultiHeadAttention`:
+
+* ``"full"``: causal attention over every earlier token; the cache keeps every
+  key and value;
+* ``"sliding"``: attention over the last ``window`` tokens; the cache keeps
+  the last ``window`` (a rolling :class:`~attention_lib.LayerKVCache`);
+* ``"chunked"``: attention within chunks of ``chunk_size`` tokens; the cache
+  keeps the current chunk only (:class:`~attention_lib.kv_cache.ChunkKVCache`).
+
+A new kind of layer is one more entry (:func:`register_layer_type`), not a new
+branch in the model. Chapter 14, *Long contexts*, in preparation, will explain
+the local/global layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from torch import nn
+
+from .kv_cache import ChunkKVCache, LayerKVCache
+from .mha import MultiHeadAttention
+
+
+class LayerType(NamedTuple):
+    """What a layer type builds: its token mixer and its per-layer cache.
+
+    Chapter 14, *Long contexts*, in preparation, will explain it.
+
+    Attributes:
+        make_mixer: ``(d_model, num_heads, *, dropout, window, chunk_size,
+            **attention) -> nn.Module``; the module is called as a
+            self-attention (see :mod:`attention_lib.layer_types`).
+        make_cache: ``(mixer) -> cache``, an empty per-layer cache with
+            ``update`` (or what the mixer needs), ``position`` (tokens seen),
+            ``nbytes`` and ``len()`` (positions stored).
+    """
+
+    make_mixer: Callable[..., nn.Module]
+    make_cache: Callable[[nn.Module], Any]
+
+
+def _full(
+    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
+):
+    return MultiHeadAttention(d_model, num_heads, dropout, **attention)
+
+
+def _sliding(
+    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
+):
+    return MultiHeadAttention(d_model, num_heads, dropout, window=window, **attention)
+
+
+def _chunked(
+    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
+):
+    return MultiHeadAttention(d_model, num_heads, dropout, chunk_size=chunk_size, **attention)
+
+
+#: The layer types of ``CausalLM(layer_types=...)``, by name.
+LAYER_TYPES: dict[str, LayerType] = {
+    "full": LayerType(_full, lambda mixer: LayerKVCache()),
+    "sliding": LayerType(_sliding, lambda mixer: LayerKVCache(window=mixer.window)),
+    "chunked": LayerType(_chunked, lambda mixer: ChunkKVCache(mixer.chunk_size)),
+}
+
+
+def register_layer_type(
+    name: str, make_mixer: Callable[..., nn.Module], make_cache: Callable[[nn.Module], Any]
+) -> None:
+    """Add a layer type to :data:`LAYER_TYPES` (or replace one of the same name).
+
+    Chapter 14, *Long contexts*, in preparation, will explain it.
+
+    Args:
+        name: the name used in ``layer_types``.
+        make_mixer: builds the layer's token mixer (see :class:`LayerType`).
+        make_cache: makes its empty per-layer cache from the mixer.
+    """
+    LAYER_TYPES[name] = LayerType(make_mixer, make_cache)

@@ -1,0 +1,223 @@
+"""Tests for long-context attention: chunked masks, per-layer types (full, sliding,
+chunked) with their own caches, NoPE layers, and their parity with 🤗 transformers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import Gemma2Config, Gemma3TextConfig, Llama4TextConfig
+from transformers.masking_utils import (
+    chunked_causal_mask_function,
+    sdpa_mask,
+    sliding_window_causal_mask_function,
+)
+
+from attention_lib import CausalLM, KVCache, LayerKVCache, causal_mask
+from attention_lib.convert import layer_options_from_hf
+from attention_lib.kv_cache import ChunkKVCache
+from attention_lib.layer_types import LAYER_TYPES, LayerType
+from attention_lib.mha import MultiHeadAttention
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _hf_mask(function, q_len: int, k_len: int, q_offset: int, kv_offset: int) -> torch.Tensor:
+    """transformers' mask, as its models build it (``sdpa_mask`` with the positions of
+    the first query and the first stored key), ``(q_len, k_len)``."""
+    return sdpa_mask(
+        batch_size=1,
+        q_length=q_len,
+        kv_length=k_len,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=function,
+        allow_is_causal_skip=False,
+    )[0, 0]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4])
+@pytest.mark.parametrize("past,q_len", [(0, 10), (0, 1), (5, 1), (6, 3), (8, 7)])
+def test_chunked_mask_equals_transformers(chunk: int, past: int, q_len: int) -> None:
+    # Our cache of a chunked layer starts at a chunk: `past` seen, `past // c * c` dropped.
+    dropped = past // chunk * chunk
+    stored = past - dropped
+    ours = causal_mask(q_len, stored + q_len, offset=stored, chunk=chunk)
+    function = chunked_causal_mask_function(chunk, torch.zeros(1, dtype=torch.long))
+    theirs = _hf_mask(function, q_len, stored + q_len, q_offset=past, kv_offset=dropped)
+    assert torch.equal(ours, theirs)
+    # ... and with every key kept (a full cache): the chunks count from key 0
+    full = causal_mask(q_len, past + q_len, offset=past, chunk=chunk)
+    assert torch.equal(full, _hf_mask(function, q_len, past + q_len, past, 0))
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+@pytest.mark.parametrize("past,q_len", [(0, 9), (4, 1), (7, 4)])
+def test_sliding_mask_equals_transformers(window: int, past: int, q_len: int) -> None:
+    ours = causal_mask(q_len, past + q_len, offset=past, window=window)
+    function = sliding_window_causal_mask_function(window)
+    assert torch.equal(ours, _hf_mask(function, q_len, past + q_len, past, 0))
+
+
+def test_chunk_and_window_keep_what_both_keep() -> None:
+    both = causal_mask(9, window=3, chunk=4)
+    assert torch.equal(both, causal_mask(9, window=3) & causal_mask(9, chunk=4))
+    assert both.sum() == 9 + 2 * 6 - 2  # each row: itself, + up to 2 back within its chunk
+
+
+def test_gemma3_and_llama4_layer_patterns() -> None:
+    gemma3 = layer_options_from_hf(Gemma3TextConfig(num_hidden_layers=6, sliding_window=4))
+    assert gemma3["layer_types"] == ["sliding"] * 5 + ["full"]
+    assert (gemma3["window"], gemma3["chunk_size"], gemma3["nope_layers"]) == (4, None, [])
+    gemma2 = layer_options_from_hf(Gemma2Config(num_hidden_layers=4, sliding_window=3))
+    assert gemma2["layer_types"] == ["sliding", "full"] * 2
+    llama4 = layer_options_from_hf(Llama4TextConfig(num_hidden_layers=8, attention_chunk_size=5))
+    assert llama4["layer_types"] == (["chunked"] * 3 + ["full"]) * 2
+    assert (llama4["chunk_size"], llama4["nope_layers"]) == (5, [3, 7])
+    model = CausalLM(13, 16, 2, 6, max_len=32, positional="rope", **gemma3)
+    assert [layer.self_attn.window for layer in model.blocks.layers] == [4] * 5 + [None]
+    model = CausalLM(13, 16, 2, 8, max_len=32, positional="rope", **llama4)
+    attentions = [layer.self_attn for layer in model.blocks.layers]
+    assert [a.chunk_size for a in attentions] == [5, 5, 5, None] * 2
+    assert [a.rope_base for a in attentions] == [10000.0] * 3 + [None] + [10000.0] * 3 + [None]
+
+
+def test_layer_options_refuse_what_is_not_computed() -> None:
+    config = Gemma3TextConfig(num_hidden_layers=2)
+    config.layer_types = ["linear_attention", "full_attention"]
+    with pytest.raises(ValueError, match="linear_attention"):
+        layer_options_from_hf(config)
+
+
+MIXED = {
+    "layer_types": ["full", "sliding", "chunked", "sliding", "chunked"],
+    "window": 3,
+    "chunk_size": 4,
+}
+
+
+@pytest.mark.parametrize("backend", ["lib", "torch", "tiled"])
+@pytest.mark.parametrize("positional", ["rope", "learned"])
+@pytest.mark.parametrize("prefill", [1, 4, 9])
+def test_prefill_and_decode_through_the_cache_equal_the_full_pass(
+    backend: str, positional: str, prefill: int
+) -> None:
+    torch.manual_seed(0)
+    model = CausalLM(
+        11, 32, 4, 5, max_len=64, positional=positional, backend=backend, **MIXED
+    ).eval()
+    model.blocks.layers[3].self_attn.backend = "lib"  # backends mixed within a model too
+    tokens = torch.randint(0, 11, (2, 22))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = KVCache()
+        steps = [model(tokens[:, :prefill], cache=cache)]
+        steps += [model(tokens[:, i : i + 2], cache=cache) for i in range(prefill, 22, 2)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-5)
+    # each layer keeps only what it can see: 22 tokens, window 3, chunk 4 (20 .. 21)
+    assert [len(layer) for layer in cache.layers] == [22, 3, 2, 3, 2]
+    assert [type(layer) for layer in cache.layers] == [LayerKVCache] * 2 + [ChunkKVCache] + [
+        LayerKVCache,
+        ChunkKVCache,
+    ]
+    assert (cache.position, len(cache)) == (22, 22)
+
+
+def test_the_chunked_cache_starts_each_chunk_empty() -> None:
+    cache = ChunkKVCache(3)
+    sizes = []
+    for _ in range(7):
+        key = torch.randn(1, 1, 1, 2)
+        returned, _ = cache.update(key, key)
+        sizes.append((returned.shape[-2], len(cache), cache.dropped))
+    assert sizes == [(1, 1, 0), (2, 2, 0), (3, 0, 3), (1, 1, 3), (2, 2, 3), (3, 0, 6), (1, 1, 6)]
+
+
+def test_a_chunked_model_with_a_sliding_window_cache_of_one_layer_is_refused() -> None:
+    attention = MultiHeadAttention(8, 2, chunk_size=4)
+    cache = LayerKVCache(window=3)
+    x = torch.randn(1, 5, 8)
+    with pytest.raises(ValueError, match="start a chunk"):
+        for i in range(5):  # the rolling cache drops 2 keys: its keys no longer start a chunk
+            attention(
+                x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1], is_causal=True, kv_cache=cache
+            )
+    with pytest.raises(ValueError, match="is_causal"):
+        attention(x, x, x)
+
+
+def test_layer_types_refuse_missing_spans_and_foreign_caches() -> None:
+    with pytest.raises(ValueError, match="window"):
+        CausalLM(11, 16, 2, 2, layer_types=["full", "sliding"])
+    with pytest.raises(ValueError, match="chunk_size"):
+        CausalLM(11, 16, 2, 2, layer_types=["chunked", "full"], window=2)
+    with pytest.raises(ValueError, match="one layer type per layer"):
+        CausalLM(11, 16, 2, 3, layer_types=["full", "full"])
+    with pytest.raises(ValueError, match="layer type"):
+        CausalLM(11, 16, 2, 2, layer_types=["full", "global"])
+    model = CausalLM(11, 16, 2, 2, **{**MIXED, "layer_types": ["full", "chunked"]}).eval()
+    tokens = torch.randint(0, 11, (1, 5))
+    for cache in (KVCache(window=3), KVCache(window=3, sink_tokens=1)):
+        with pytest.raises(ValueError, match="layer_types"):
+            model(tokens, cache=cache)
+    other = CausalLM(11, 16, 2, 2, layer_types=["full", "sliding"], window=3).eval()
+    cache = KVCache()
+    other(tokens, cache=cache)
+    with pytest.raises(ValueError, match="layer_types"):
+        model(tokens, cache=cache)  # a cache filled by a model of other layer types
+
+
+def test_need_weights_through_caches_of_different_spans_is_refused() -> None:
+    model = CausalLM(11, 16, 2, 2, layer_types=["full", "sliding"], window=2).eval()
+    tokens = torch.randint(0, 11, (1, 6))
+    _, weights = model(tokens, need_weights=True)  # without a cache: all (L, L)
+    assert weights.shape == (1, 2, 2, 6, 6)
+    assert weights[0, 1, :, 5, :4].abs().sum() == 0  # the sliding layer: the last 2 only
+    cache = KVCache()
+    model(tokens, cache=cache)
+    with pytest.raises(ValueError, match="different numbers of keys"):
+        model(tokens[:, :1], cache=cache, need_weights=True)
+
+
+def test_layer_types_none_keeps_every_layer_alike() -> None:
+    model = CausalLM(11, 16, 2, 3, window=4)
+    assert [layer.self_attn.window for layer in model.blocks.layers] == [4, 4, 4]
+    assert model.window == 4 and model.layer_types is None
+
+
+def test_nope_layers_drop_rope_and_keep_cache_parity() -> None:
+    torch.manual_seed(3)
+    options = {"positional": "rope", "layer_types": ["chunked", "full"], "chunk_size": 3}
+    model = CausalLM(11, 16, 2, 2, max_len=32, nope_layers=[1], **options).eval()
+    assert [layer.self_attn.rope_base for layer in model.blocks.layers] == [10000.0, None]
+    roped = CausalLM(11, 16, 2, 2, max_len=32, **options).eval()
+    roped.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 11, (2, 10))
+    with torch.no_grad():
+        full = model(tokens)
+        assert not torch.allclose(full, roped(tokens), atol=1e-3)  # NoPE is another model
+        cache = KVCache()
+        steps = [model(tokens[:, i : i + 1], cache=cache) for i in range(10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="nope_layers"):
+        CausalLM(11, 16, 2, 2, nope_layers=[2])
+
+
+def test_a_registered_layer_type_builds_its_own_mixer_and_cache(monkeypatch) -> None:
+    # A new type is one more table entry: here a "local" type whose mixer is a
+    # windowed attention of its own width and whose cache is a rolling one.
+    def local(d_model, num_heads, *, dropout, window=None, chunk_size=None, **attention):
+        return MultiHeadAttention(d_model, num_heads, dropout, window=2, **attention)
+
+    monkeypatch.setitem(LAYER_TYPES, "local", LayerType(local, lambda m: LayerKVCache(window=2)))
+    torch.manual_seed(4)
+    model = CausalLM(11, 16, 2, 2, max_len=32, layer_types=["local", "full"]).eval()
+    reference = CausalLM(11, 16, 2, 2, max_len=32, layer_types=["sliding", "full"], window=2)
+    reference.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 11, (1, 9))
+    cache = KVCache()
+    with torch.no_grad():
+        steps = torch.cat([model(tokens[:, i : i + 1], cache=cache) for i in range(9)], 1)
+        torch.testing.assert_close(steps, reference.eval()(tokens), atol=2e-5, rtol=1e-5)
+    assert [len(layer) for layer in cache.layers] == [2, 9]
