@@ -105,7 +105,15 @@ def _retina_inline_figures() -> None:
     if shell is None:
         return
     # The inline backend's own setting where it is loaded (it re-registers the
-    # formatters with its print options); else the formatters directly.
+    # formatters with its print options); else the formatters directly. pyplot loads
+    # its backend only for the first figure, and the inline backend then registers its
+    # formats: load it now, so that the setting below is the one it registers.
+    import matplotlib
+    from matplotlib.backends import backend_registry
+
+    backend = matplotlib.get_backend()
+    if "inline" in backend:
+        backend_registry.load_backend_module(backend)
     inline = [c for c in shell.configurables if type(c).__name__ == "InlineBackend"]
     for backend in inline:
         backend.figure_formats = {"retina"}
