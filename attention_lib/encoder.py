@@ -69,9 +69,11 @@ def sinusoidal_positional_encoding(
 
     .. math::
 
-        PE_{p,\,2i} = \sin\!\left(p\,\omega_i\right),\qquad
-        PE_{p,\,2i+1} = \cos\!\left(p\,\omega_i\right),\qquad
-        \omega_i = \mathrm{base}^{-2i/d_\mathrm{model}}.
+        PE_{p,\,2i} &= \sin\!\left(p\,\omega_i\right),
+
+        PE_{p,\,2i+1} &= \cos\!\left(p\,\omega_i\right),
+
+        \omega_i &= \mathrm{base}^{-2i/d_\mathrm{model}}.
 
     Each pair of columns ``(2i, 2i+1)`` is a point turning on the unit circle at
     its own angular speed ``omega_i``, from one turn per ``2 pi`` positions

@@ -46,8 +46,9 @@ def scaled_dot_product_attention(
 
     .. math::
 
-        \mathrm{weights} = \mathrm{softmax}\!\left(Q K^\top \cdot \mathrm{scale}\right),
-        \qquad \mathrm{output} = \mathrm{weights}\, V
+        \mathrm{weights} &= \mathrm{softmax}\!\left(Q K^\top \cdot \mathrm{scale}\right),
+
+        \mathrm{output} &= \mathrm{weights}\, V
 
     Explained in chapter 1, *Queries, keys and values* (the whole formula, built
     by hand), and chapter 4, *The weighted sum*; the scores and the scale in

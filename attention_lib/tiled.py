@@ -122,9 +122,11 @@ def online_softmax_update(
 
     .. math::
 
-        m' = \max(m, \max_j s_j), \quad
-        l' = e^{m - m'} l + \sum_j e^{s_j - m'}, \quad
-        \mathrm{acc}' = e^{m - m'} \mathrm{acc} + \sum_j e^{s_j - m'} v_j .
+        m' &= \max(m, \max_j s_j),
+
+        l' &= e^{m - m'} l + \sum_j e^{s_j - m'},
+
+        \mathrm{acc}' &= e^{m - m'} \mathrm{acc} + \sum_j e^{s_j - m'} v_j .
 
     Explained in chapter 10, *Efficient attention*.
 
