@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .mha import MultiHeadAttention
-from .rope import apply_rope, rope_frequencies, rope_permutation
+from .rope import ROPE_SCALING_FIELDS, apply_rope, rope_frequencies, rope_permutation
 from .validation import check_instance
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -176,8 +176,11 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     ``k_norm`` of Qwen3, OLMo 2 and Cohere's QK-norm, attention sinks),
     ``clip_qkv`` (OLMo), attention logit soft-capping (Gemma 2's
     ``attn_logit_softcapping``), a rotation other than rotate-half or
-    interleaved RoPE with the default frequencies (``rope_type``,
-    ``partial_rotary_factor``), a bias in some projections only (Qwen2), a
+    interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
+    frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 14 in
+    preparation; ``"dynamic"``, whose speeds depend on the length of each call
+    and on the lengths the model saw before, is refused, as are
+    ``partial_rotary_factor`` and other ``rope_type`` s), a bias in some projections only (Qwen2), a
     head width other than ``hidden_size // num_attention_heads``, and
     bidirectional attention (``is_causal=False``).
 
@@ -223,8 +226,9 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     softcap = getattr(
         module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
     )
+    rope_scaling, scaled = _rope_scaling(rope)  # linear, YaRN and Llama 3.1's (chapter 14)
     default_rope = (
-        rope.get("rope_type", "default") == "default"
+        scaled
         and "rope_theta" in rope
         and rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) == 1
     )
@@ -233,7 +237,9 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
             extras + [n for n, _ in module.named_parameters(recurse=False) if n not in ours_too]
         ),
         "clip_qkv (clamped projections)": getattr(config, "clip_qkv", None),
-        "a RoPE other than the default (rope_parameters)": uses_rope and not default_rope and rope,
+        "a RoPE other than the default, linear, yarn or llama3 (rope_parameters)": uses_rope
+        and not default_rope
+        and rope,
         "a rotation other than RoPE's (its apply_rotary_pos_emb)": uses_rope and layout is None,
         "a bias in some projections only (not all four or none)": 0 < len(biased) < 4 and biased,
         "a head_dim other than hidden_size // num_attention_heads": head_dim * heads != d_model
@@ -257,6 +263,7 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
         backend=backend,
         num_kv_heads=config.num_key_value_heads,
         rope_base=float(rope["rope_theta"]) if uses_rope else None,
+        rope_scaling=rope_scaling if uses_rope else None,
         scale=None if math.isclose(scaling, head_dim**-0.5, rel_tol=1e-9) else scaling,
         window=getattr(module, "sliding_window", getattr(config, "sliding_window", None)),
         qk_norm=qk_norm,
@@ -284,6 +291,24 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
         if sink:
             ours.sink.copy_(sinks)
     return ours.train(module.training)
+
+
+def _rope_scaling(rope: dict) -> tuple[dict | None, bool]:
+    """The ``rope_scaling`` of transformers' ``rope_parameters`` (``None`` for the
+    default RoPE), and whether it is reproduced: ``"dynamic"`` is not (its speeds
+    change with the length of each call and with what the model saw before), nor
+    a type or a field that :func:`~attention_lib.rope_frequencies` does not know."""
+    kind = rope.get("rope_type", "default")
+    if kind not in ROPE_SCALING_FIELDS or kind == "dynamic":
+        return None, False
+    required, optional = ROPE_SCALING_FIELDS[kind]
+    given = {
+        k: v for k, v in rope.items() if v is not None and k not in ("rope_type", "rope_theta")
+    }
+    known = set(given) <= {*required, *optional, "partial_rotary_factor"}
+    given.pop("partial_rotary_factor", None)  # checked by the caller
+    scaling = None if kind == "default" else {"rope_type": kind, **given}
+    return scaling, known and set(required) <= set(given)
 
 
 def _norm_eps(norm: nn.Module) -> float:
@@ -326,7 +351,7 @@ def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
         return None
     x = torch.randn(1, 1, 4, head_dim, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([3, 50, 700, 9000])
-    angles = positions[:, None] * rope_frequencies(head_dim)  # (4, head_dim / 2), float64
+    angles = positions[:, None] * rope_frequencies(head_dim)[0]  # (4, head_dim / 2), float64
     # cos/sin once per pair of the layout (cat), repeated (Cohere), or half-width (gpt-oss)
     for angle in (torch.cat([angles, angles], -1), angles.repeat_interleave(2, -1), angles):
         try:

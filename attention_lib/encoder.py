@@ -368,7 +368,7 @@ class Encoder(nn.Module):
                 d_ff,
                 dropout,
                 layer_type=kind,
-                **({**attention, "rope_base": None} if i in nope_layers else attention),
+                **(_without_rope(attention) if i in nope_layers else attention),
             )
             for i, kind in enumerate(kinds)
         )
@@ -449,6 +449,15 @@ class Encoder(nn.Module):
     def _cache_maker(layer: EncoderLayer) -> Any:
         """How ``cache.layer`` makes ``layer``'s cache: its type's, or the KVCache's own."""
         return None if layer.layer_type is None else layer.make_cache
+
+
+def _without_rope(attention: dict[str, Any]) -> dict[str, Any]:
+    """The attention options of a NoPE layer: no RoPE base, hence no RoPE scaling."""
+    return {
+        **attention,
+        "rope_base": None,
+        **({"rope_scaling": None} if attention.get("rope_scaling") else {}),
+    }
 
 
 class TokenClassifier(nn.Module):

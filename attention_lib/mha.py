@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from .backends import BACKENDS, lib_attention
 from .kv_cache import LayerKVCache
 from .masks import Causal
-from .rope import check_d_head, rope_cos_sin, rotate_pairs
+from .rope import check_d_head, check_rope_scaling, rope_cos_sin, rotate_pairs
 from .tiled import check_block_size
 from .validation import (
     check_base,
@@ -93,6 +93,12 @@ class MultiHeadAttention(nn.Module):
             ``None`` (default) means ``num_heads`` (plain multi-head attention).
         rope_base: apply rotary position embeddings with this base (10000 in
             Llama 2) to queries and keys; ``None`` (default) for none.
+        rope_scaling: with ``rope_base``, a RoPE ``scaling`` dict in 🤗
+            transformers' format (``"linear"``, ``"dynamic"``, ``"yarn"``,
+            ``"llama3"``; see :func:`~attention_lib.rope_frequencies`; chapter
+            14, in preparation). ``"dynamic"`` takes its length from each call's
+            positions and is refused with a ``kv_cache`` (cached keys were
+            turned at other speeds). ``None`` (default) for plain RoPE.
         scale: multiplier of the scores, as ``F.scaled_dot_product_attention``'s
             ``scale``; ``None`` (default) means ``1 / sqrt(d_k)``.
         window: a causal sliding window (Mistral, Gemma 2's local layers): with
@@ -128,6 +134,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: number of key/value heads ``H_kv``.
         d_k: width of one head, ``d_model // num_heads``.
         rope_base: the RoPE base, or ``None``.
+        rope_scaling: the RoPE scaling dict, or ``None``.
         scale: the scores' multiplier, or ``None`` for ``1 / sqrt(d_k)``.
         window: the sliding window, or ``None``.
         chunk_size: the attention chunk, or ``None``.
@@ -172,6 +179,7 @@ class MultiHeadAttention(nn.Module):
         block_size: int | tuple[int, int] | None = None,
         num_kv_heads: int | None = None,
         rope_base: float | None = None,
+        rope_scaling: dict | None = None,
         scale: float | None = None,
         window: int | None = None,
         chunk_size: int | None = None,
@@ -196,6 +204,10 @@ class MultiHeadAttention(nn.Module):
             rope_base = check_base(rope_base)
             check_d_head(self.d_k, name="d_k = d_model // num_heads (with rope_base)")
         self.rope_base = rope_base
+        if rope_scaling is not None and rope_base is None:
+            raise ValueError(f"rope_scaling={rope_scaling} needs a rope_base")
+        self._scaling = None if rope_base is None else check_rope_scaling(rope_scaling, rope_base)
+        self.rope_scaling = None if rope_scaling is None else dict(rope_scaling)
         self.scale = None if scale is None else check_real("scale", scale, above=0)
         self.window = None if window is None else check_int("window", window, minimum=1)
         self.chunk_size = (
@@ -245,6 +257,7 @@ class MultiHeadAttention(nn.Module):
             "backend": self.backend,
             "block_size": self.block_size,
             "rope_base": self.rope_base,
+            "rope_scaling": self.rope_scaling,
             "scale": self.scale,
             "window": self.window,
             "chunk_size": self.chunk_size,
@@ -353,6 +366,8 @@ class MultiHeadAttention(nn.Module):
             and (kv_cache.dropped % self.chunk_size or kv_cache.sink_tokens is not None)
         ):
             raise ValueError(f"kv_cache does not start a chunk of {self.chunk_size}: ChunkKVCache")
+        if kv_cache is not None and dict(self._scaling or ()).get("rope_type") == "dynamic":
+            raise ValueError("dynamic RoPE scaling changes with the length: no kv_cache")
         if self.rope_base is not None:
             start = 0 if kv_cache is None else kv_cache.position
             if positions is None:
@@ -447,7 +462,9 @@ class MultiHeadAttention(nn.Module):
         """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` at
         ``positions`` ``(L,)`` or ``(B, L)`` (the first ``Lq``/``Lk`` of them)."""
         q_len, k_len = q.shape[-2], k.shape[-2]
-        cos, sin = rope_cos_sin(positions, self.d_k, base=self.rope_base, dtype=q.dtype)
+        cos, sin = rope_cos_sin(
+            positions, self.d_k, base=self.rope_base, dtype=q.dtype, scaling=self._scaling
+        )
         if positions.dim() == 2:  # per-sequence positions: broadcast over the heads
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d_k / 2)
         q = rotate_pairs(q, cos[..., :q_len, :], sin[..., :q_len, :])  # (B, H, Lq, d_k)

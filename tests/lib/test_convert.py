@@ -56,6 +56,23 @@ PREFIX = {
     "gpt_oss": "GptOss",
 }
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 150000.0}
+DYNAMIC_ROPE = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
+# chapter 14's scalings, with lengths at which they change the 11 positions of X
+LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}
+LLAMA3_ROPE = {  # base 100: pair 0 kept, pair 1 on the ramp, pairs 2 and 3 / factor
+    "rope_type": "llama3",
+    "rope_theta": 100.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 1e4,
+    "factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
 NO_SOFTCAP = {"attn_logit_softcapping": None}
 
 
@@ -134,6 +151,34 @@ REPRODUCED = {  # id: (family, layer_idx, config options, what the module must h
         {"scale": 0.25, "window": None},
     ),
     "cohere-interleaved": ("cohere", 0, {}, {"rope_base": 500000.0}),
+    # chapter 14's RoPE scalings: linear, Llama 3.1's and YaRN (Qwen, DeepSeek)
+    "llama-linear-rope": (
+        "llama",
+        0,
+        {"rope_parameters": LINEAR_ROPE},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    ),
+    "llama3-rope": (
+        "llama",
+        0,
+        {"rope_parameters": LLAMA3_ROPE},
+        {
+            "rope_base": 100.0,
+            "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"},
+        },
+    ),
+    "llama-yarn-rope": (
+        "llama",
+        0,
+        {"rope_parameters": YARN_ROPE},
+        {"rope_scaling": {k: v for k, v in YARN_ROPE.items() if k != "rope_theta"}},
+    ),
+    "qwen3-yarn-rope": (
+        "qwen3",
+        0,
+        {"rope_parameters": {**YARN_ROPE, "beta_fast": 8.0, "beta_slow": 2.0}},
+        {"window": None},
+    ),
     "helium-interleaved": ("helium", 0, {}, {"rope_base": 100000.0}),
     "smollm3-nope-layer": ("smollm3", 3, {}, {"rope_base": None}),
     # chapter 13's features: QK-norm, soft-capping, sinks
@@ -194,10 +239,10 @@ REFUSED = {  # id: (family, config options, a keyword of the message)
         "bidirectional",
     ),
     "cohere-qk-norm": ("cohere", {"use_qk_norm": True}, "q_norm"),
-    "llama-scaled-rope": (
+    "llama-dynamic-rope": (
         "llama",
-        {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
-        "linear",
+        {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+        "dynamic",
     ),
     "llama-head-dim": ("llama", {"head_dim": 16}, "head_dim"),
 }
@@ -223,8 +268,8 @@ NEEDED = {  # id: (the layer with the feature, the same computation without it)
         ("gemma2", {"attn_logit_softcapping": 2.0, "query_pre_attn_scalar": D_K}),
         ("gemma2", {**NO_SOFTCAP, "query_pre_attn_scalar": D_K}),
     ),
-    "rope_type": (
-        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+    "rope_type": (  # dynamic: a larger base once the call is longer than 4 positions
+        ("llama", {"rope_parameters": DYNAMIC_ROPE, "max_position_embeddings": 4}),
         ("llama", {}),
     ),
 }

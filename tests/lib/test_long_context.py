@@ -221,3 +221,143 @@ def test_a_registered_layer_type_builds_its_own_mixer_and_cache(monkeypatch) -> 
         steps = torch.cat([model(tokens[:, i : i + 1], cache=cache) for i in range(9)], 1)
         torch.testing.assert_close(steps, reference.eval()(tokens), atol=2e-5, rtol=1e-5)
     assert [len(layer) for layer in cache.layers] == [2, 9]
+
+
+# --- RoPE scaling -----------------------------------------------------------------------
+
+SCALINGS = {
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn-deepseek": {  # DeepSeek's mscale / mscale_all_dim, no truncation, other betas
+        "rope_type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 64,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+        "beta_fast": 16.0,
+        "beta_slow": 2.0,
+        "truncate": False,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
+
+
+def _llama_config(scaling: dict, base: float, d_head: int = 32, max_len: int = 32):
+    from transformers import LlamaConfig
+
+    rope = {**scaling, "rope_theta": base}
+    return LlamaConfig(
+        hidden_size=4 * d_head,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=max_len,  # dynamic's original length in transformers
+        rope_parameters=rope,
+    )
+
+
+@pytest.mark.parametrize("name", SCALINGS)
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+@pytest.mark.parametrize("seq_len", [None, 20, 200])
+def test_rope_frequencies_equal_transformers_init_functions(name, base, seq_len) -> None:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from attention_lib import rope_frequencies
+
+    scaling = SCALINGS[name]
+    config = _llama_config(scaling, base)
+    kind = scaling["rope_type"]
+    if kind == "default":
+        theirs, their_factor = 1.0 / base ** (torch.arange(0, 32, 2).double() / 32), 1.0
+    else:
+        theirs, their_factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len=seq_len)
+    omega, factor = rope_frequencies(32, base=base, scaling=scaling, seq_len=seq_len)
+    torch.testing.assert_close(omega, theirs.double(), rtol=1e-6, atol=0)
+    assert factor == pytest.approx(their_factor, rel=1e-6)
+    if kind in ("yarn", "linear", "llama3"):  # the slowest pair is slowed down
+        assert omega[-1] < rope_frequencies(32, base=base)[0][-1] * 0.9
+
+
+@pytest.mark.parametrize("name", SCALINGS)
+@pytest.mark.parametrize("length", [24, 100])
+def test_apply_rope_equals_the_llama_rotary_embedding(name, length) -> None:
+    from transformers.models.llama.modeling_llama import (
+        LlamaRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    from attention_lib import apply_rope
+
+    torch.manual_seed(5)
+    scaling = SCALINGS[name]
+    rotary = LlamaRotaryEmbedding(_llama_config(scaling, 10000.0))  # fresh, one call: as a model
+    q, k = torch.randn(2, 4, length, 32), torch.randn(2, 4, length, 32)
+    positions = torch.arange(length)[None].expand(2, -1)  # (B, L)
+    cos, sin = rotary(q, positions)  # the attention factor multiplies cos and sin
+    their_q, their_k = apply_rotary_pos_emb(q, k, cos, sin)
+    ours_q = apply_rope(q, positions[:, None], scaling=scaling)  # (B, 1, L) per sequence
+    ours_k = apply_rope(k, torch.arange(length), scaling=scaling)
+    torch.testing.assert_close(ours_q, their_q, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ours_k, their_k, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["linear", "yarn", "llama3"])
+def test_scaled_rope_keeps_cache_parity(name) -> None:
+    torch.manual_seed(6)
+    model = CausalLM(
+        11, 32, 2, 2, max_len=128, positional="rope", rope_scaling=SCALINGS[name]
+    ).eval()
+    assert model.blocks.layers[0].self_attn.rope_scaling == SCALINGS[name]
+    tokens = torch.randint(0, 11, (1, 70))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = KVCache()
+        steps = [model(tokens[:, :40], cache=cache)]
+        steps += [model(tokens[:, i : i + 1], cache=cache) for i in range(40, 70)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-5)
+    plain = CausalLM(11, 32, 2, 2, max_len=128, positional="rope").eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (plain(tokens) - full).abs().max() > 1e-3  # the scaling changes the model
+
+
+def test_dynamic_scaling_is_refused_with_a_cache_and_bad_scalings_are_refused() -> None:
+    from attention_lib import apply_rope, rope_frequencies
+
+    model = CausalLM(11, 16, 2, 1, positional="rope", rope_scaling=SCALINGS["dynamic"]).eval()
+    tokens = torch.randint(0, 11, (1, 40))
+    model(tokens)  # one pass: the length of the call sets the base
+    with pytest.raises(ValueError, match="dynamic"):
+        model(tokens, cache=KVCache())
+    bad = [
+        ({"rope_type": "ntk"}, ValueError, "rope_type"),
+        ({"rope_type": "linear"}, ValueError, "factor"),
+        ({"rope_type": "linear", "factor": 2.0, "beta_fast": 4}, ValueError, "linear"),
+        ({"rope_type": "linear", "factor": 2.0, "rope_theta": 5.0}, ValueError, "base"),
+        ([("rope_type", "linear")], TypeError, "dict"),
+    ]
+    for scaling, error, words in bad:
+        with pytest.raises(error, match=words):
+            rope_frequencies(8, scaling=scaling)
+        with pytest.raises(error, match=words):
+            apply_rope(torch.randn(1, 3, 8), scaling=scaling)
+    with pytest.raises(ValueError, match="rope_base"):
+        MultiHeadAttention(16, 2, rope_scaling=SCALINGS["linear"])
+
+
+def test_nope_layers_drop_the_rope_scaling_too() -> None:
+    model = CausalLM(
+        11, 16, 2, 2, positional="rope", rope_scaling=SCALINGS["yarn"], nope_layers=[0]
+    )
+    attentions = [layer.self_attn for layer in model.blocks.layers]
+    assert [(a.rope_base, a.rope_scaling) for a in attentions] == [
+        (None, None),
+        (10000.0, SCALINGS["yarn"]),
+    ]
