@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
+from .gated_deltanet import GatedDeltaNet, LayerStateCache
 from .kv_cache import ChunkKVCache, LayerKVCache
 from .mha import MultiHeadAttention
 
@@ -77,11 +78,23 @@ def _chunked(
     return MultiHeadAttention(d_model, num_heads, dropout, chunk_size=chunk_size, **attention)
 
 
+def _linear(
+    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
+):
+    """Gated DeltaNet (chapter 16): no positions, no backend; it computes nothing else."""
+    given = {name for name, value in attention.items() if value is not None}
+    given -= {"backend", "rope_base", "rope_scaling", "num_kv_heads"}  # attention's only
+    if dropout or given:
+        raise ValueError(f"a 'linear' layer takes no dropout and none of {sorted(given)}")
+    return GatedDeltaNet(d_model, num_heads)
+
+
 #: The layer types of ``CausalLM(layer_types=...)``, by name.
 LAYER_TYPES: dict[str, LayerType] = {
     "full": LayerType(_full, lambda mixer: LayerKVCache()),
     "sliding": LayerType(_sliding, lambda mixer: LayerKVCache(window=mixer.window)),
     "chunked": LayerType(_chunked, lambda mixer: ChunkKVCache(mixer.chunk_size)),
+    "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 16
 }
 
 

@@ -264,7 +264,8 @@ def gated_delta_rule(
     if chunk_size is None:
         out, state = _delta_recurrent(query, key, value, g, beta, initial_state)
     else:
-        out, state = _delta_chunked(query, key, value, g, beta, initial_state, chunk_size)
+        size = min(chunk_size, key.shape[-2])  # no padding past the last token
+        out, state = _delta_chunked(query, key, value, g, beta, initial_state, size)
     return (out, state) if output_final_state else out
 
 
