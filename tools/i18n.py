@@ -9,8 +9,10 @@ Usage (from the repository root, inside the repository's virtual environment)::
 
 The catalogs are ``locale/<lang>/LC_MESSAGES/<docname>.po``, one per page (``gettext_compact``
 is off), without source locations, so a catalog changes only when its page's English text
-does. ``update`` runs Sphinx's gettext builder into ``_build/gettext`` and then sphinx-intl,
-which adds new messages (empty), marks changed ones fuzzy and drops the ones that are gone.
+does. ``update`` runs Sphinx's gettext builder into ``_build/gettext`` and then updates each
+catalog from its page's template in one pass with babel's ``Catalog.update`` (what
+sphinx-intl does, in-process): new messages are added (empty), changed ones marked fuzzy,
+the ones that are gone dropped; a catalog whose messages did not change is not rewritten.
 ``check`` is what ``tests/book/test_translations.py`` enforces.
 """
 
@@ -18,10 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,38 +237,46 @@ def _add_figure_alts(pot_dir: Path) -> None:
             write_po(f, catalog, width=0, omit_header=False)
 
 
-def _tidy(paths: Iterable[Path]) -> None:
-    """Drop what sphinx-intl leaves behind: obsolete (``#~``) entries, a fuzzy header."""
-    for path in paths:
-        catalog = load(path)
-        if catalog.fuzzy or catalog.obsolete:
-            catalog.fuzzy = False
-            catalog.obsolete.clear()
-            with path.open("wb") as f:
-                write_po(f, catalog, width=0, omit_header=False)
+def _write(path: Path, catalog: Catalog) -> None:
+    """Write a catalog the way the catalogs are kept: no obsolete (``#~``) entries, no fuzzy
+    header, no line wrapping."""
+    catalog.fuzzy = False
+    catalog.obsolete.clear()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        write_po(f, catalog, width=0, omit_header=False)
+
+
+def update_catalog(pot: Path, po: Path, language: str) -> str:
+    """Bring the catalog ``po`` up to date with its page's template ``pot``.
+
+    babel's ``Catalog.update``: new messages come in empty, changed ones (a close match of
+    a message that is gone) keep their old translation marked fuzzy, messages that are gone
+    are dropped. A catalog whose set of messages is unchanged is left as it is on disk.
+    Returns what happened, as ``make catalogs`` prints it.
+    """
+    template = load(pot)
+    if not po.exists():
+        template.locale = language
+        _write(po, template)
+        return f"Create: {po}"
+    catalog = load(po)
+    before = {m.id for m in catalog if m.id}
+    catalog.update(template)
+    after = {m.id for m in catalog if m.id}
+    if before == after:
+        return f"Not Changed: {po}"
+    _write(po, catalog)
+    return f"Update: {po} +{len(after - before)}, -{len(before - after)}"
 
 
 def update() -> None:
     extract()
     for language in LANGUAGES:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sphinx_intl",
-                "update",
-                "-p",
-                str(POT_DIR),
-                "-l",
-                language,
-                "-d",
-                str(LOCALE),
-                "-w",
-                "0",
-            ],
-            check=True,
-        )
-        _tidy(catalog_paths(language))
+        po_dir = LOCALE / language / "LC_MESSAGES"
+        for pot in sorted(POT_DIR.rglob("*.pot")):
+            po = po_dir / pot.relative_to(POT_DIR).with_suffix(".po")
+            print(update_catalog(pot, po, language))
 
 
 # What a translated page must show as often as its English page (counted in the built HTML).

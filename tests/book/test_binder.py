@@ -22,8 +22,7 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # Tools that build or test the book; a reader on Binder does not need them.
 NOT_ON_BINDER = {
     "jupyter-book",
-    "sphinx-intl",  # the Chinese edition: catalogs and the search index
-    "jieba",
+    "jieba",  # the Chinese edition's search index
     "sphinx-book-theme",
     "pydata-sphinx-theme",
     "sphinx-mathjax-offline",
@@ -32,6 +31,7 @@ NOT_ON_BINDER = {
     "pytest",
     "hypothesis",
     "playwright",
+    "axe-playwright-python",
     "jupytext",
     "jupyter-repo2docker",
     "ruff",
