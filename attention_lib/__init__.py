@@ -126,6 +126,12 @@ __all__ += [
     "rope_permutation",
 ]
 
+# --- serving attention: paged KV cache, continuous batching (chapter 11)
+from .paged_cache import PagedBatch, PagedKVCache, PagedLayer
+from .serving import Engine, Request
+
+__all__ += ["Engine", "PagedBatch", "PagedKVCache", "PagedLayer", "Request"]
+
 # --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 15)
 from .dsa import lightning_indexer, top_k_keys
 from .mla import LatentKVCache, MultiHeadLatentAttention

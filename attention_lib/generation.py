@@ -22,10 +22,8 @@ first real token, so under greedy decoding each sequence gets the tokens it
 would get alone. With ``eos_token_id`` a sequence stops at its end-of-sequence
 token, and generation stops when all have.
 
-Explained in chapter 8, *Attention that writes*.
-
-Ragged batches and ``eos_token_id``: chapter 11, *Serving attention*, in
-preparation.
+Explained in chapter 8, *Attention that writes*; ragged batches and
+``eos_token_id`` in chapter 11, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -107,10 +105,9 @@ def generate(
     tokens with and without the cache, and, in a ragged batch, the same tokens
     as generating each prompt alone.
 
-    Explained in chapter 8, *Attention that writes*.
-
-    Ragged batches (``prompt`` as a list, ``attention_mask``) and
-    ``eos_token_id``: chapter 11, *Serving attention*, in preparation.
+    Explained in chapter 8, *Attention that writes*; ragged batches
+    (``prompt`` as a list, ``attention_mask``) and ``eos_token_id`` in
+    chapter 11, *Serving attention*.
 
     Args:
         model: a :class:`~attention_lib.CausalLM`.

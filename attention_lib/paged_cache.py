@@ -22,7 +22,7 @@ Attention reads the keys of a batch of sequences through their block tables
 sequence are gathered right-aligned, i.e. left-padded, with the padding mask
 and positions of a ragged batch.
 
-Chapter 11, *Serving attention* (in preparation), will explain it.
+Explained in chapter 11, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class PagedKVCache:
     """A pool of ``num_blocks`` blocks of ``block_size`` tokens, for every layer,
     shared by the sequences it holds.
 
-    Chapter 11, *Serving attention* (in preparation), will explain it.
+    Explained in chapter 11, *Serving attention*.
 
     Args:
         num_blocks: blocks in the pool.
@@ -220,7 +220,7 @@ class PagedBatch(KVCache):
     sequence before the step), i.e. left-padded like a ragged batch; pass
     :attr:`mask` and :attr:`positions` to the model with it.
 
-    Chapter 11, *Serving attention* (in preparation), will explain it.
+    Explained in chapter 11, *Serving attention*.
 
     Attributes:
         mask: ``(B, T + num_new)`` bool keep-mask, ``False`` on the padding.
@@ -267,7 +267,7 @@ class PagedLayer(LayerKVCache):
     """One layer of a :class:`PagedBatch`: the update protocol of
     :class:`~attention_lib.LayerKVCache` on the blocks of the pool.
 
-    Chapter 11, *Serving attention* (in preparation), will explain it.
+    Explained in chapter 11, *Serving attention*.
     """
 
     def __init__(self, batch: PagedBatch, index: int) -> None:

@@ -18,7 +18,7 @@ front of the queue, to be prefilled again later with the tokens it has so far
 (vLLM's "recompute"). Under greedy decoding, every request gets the tokens
 that :func:`~attention_lib.generate` gives it alone.
 
-Chapter 11, *Serving attention* (in preparation), will explain it.
+Explained in chapter 11, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .validation import check_choice, check_instance, check_int, check_token_ids
 class Request:
     """A generation request: greedy continuation of ``prompt``.
 
-    Chapter 11, *Serving attention* (in preparation), will explain it.
+    Explained in chapter 11, *Serving attention*.
 
     Attributes:
         prompt: ``(T0,)`` token ids.
@@ -68,7 +68,7 @@ class Request:
 class Engine:
     """Serve :class:`Request` s with a :class:`~attention_lib.CausalLM` and a paged cache.
 
-    Chapter 11, *Serving attention* (in preparation), will explain it.
+    Explained in chapter 11, *Serving attention*.
 
     Args:
         model: the model (run in ``eval()`` mode, without gradients).
