@@ -84,9 +84,10 @@ class CommStats:
 
 
 def _holding(stats: CommStats | None, tensors: Sequence[Tensor]) -> None:
-    """Note the K/V bytes a rank holds right now in its peak."""
+    """Note the K/V bytes a rank holds right now in its peak (each tensor once)."""
     if stats is not None:
-        stats.peak_kv_bytes = max(stats.peak_kv_bytes, sum(t.nbytes for t in tensors))
+        held = sum(t.nbytes for t in {id(t): t for t in tensors}.values())
+        stats.peak_kv_bytes = max(stats.peak_kv_bytes, held)
 
 
 class _Comm(NamedTuple):
@@ -741,11 +742,8 @@ def gather(case: Case, per_rank: Sequence[dict]) -> dict[str, Tensor]:
     return {name: case.merge([r[name] for r in per_rank]) for name in ("out", "dq", "dk", "dv")}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it: bind port 0).
-
-    Explained in chapter 12, *Attention across machines*.
-    """
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it: bind port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -808,7 +806,7 @@ def launch(
     world = check_int("world_size", world_size, minimum=1)
     timeout = check_real("timeout", timeout, above=0)
     with tempfile.TemporaryDirectory() as out_dir:
-        args = (world, free_port(), backend, timeout, out_dir, threads, worker, args)
+        args = (world, _free_port(), backend, timeout, out_dir, threads, worker, args)
         context = mp.start_processes(_entry, args, nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
@@ -824,27 +822,24 @@ def launch(
         ]
 
 
-#: What :func:`main` checks: both methods, causal and not, both layouts, two dtypes.
-CHECK_CASES = [
-    Case(method, (1, 4, 32, 8), causal, layout, dtype, seed=i)
-    for i, (method, causal, layout, dtype) in enumerate(
-        (m, c, lay, dt)
-        for dt in (torch.float64, torch.float32)
-        for c in (False, True)
-        for m, lay in (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
-    )
-]
+def _check_cases(world: int) -> list[Case]:
+    """What :func:`main` checks on ``world`` ranks: both methods, causal and not, both
+    layouts, two dtypes, on a sequence of ``8 P`` positions (so any ``P`` divides it)."""
+    kinds = (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
+    grid = [(m, c, lay, dt) for dt in (torch.float64, torch.float32) for c in (False, True)
+            for m, lay in kinds]  # fmt: skip
+    return [
+        Case(m, (1, 4, 8 * world, 8), c, lay, dt, seed=i) for i, (m, c, lay, dt) in enumerate(grid)
+    ]
+
 
 #: The tolerance of every check, by dtype.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
-def max_errors(case: Case, per_rank: Sequence[dict]) -> dict[str, float]:
+def _max_errors(case: Case, per_rank: Sequence[dict]) -> dict[str, float]:
     """The largest absolute difference from :func:`reference` of the gathered
-    output and gradients of one case.
-
-    Explained in chapter 12, *Attention across machines*.
-    """
+    output and gradients of one case."""
     got, want = gather(case, [r for r in per_rank if r is not None]), reference(case)
     return {name: (got[name] - want[name]).abs().max().item() for name in want}
 
@@ -853,7 +848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun --nproc-per-node P -m attention_lib.distributed``: check every case.
 
     Joins the group torchrun describes (NCCL with GPUs, else gloo), runs
-    :data:`CHECK_CASES` on every rank, gathers the shards on rank 0, which
+    :func:`_check_cases` on every rank, gathers the shards on rank 0, which
     prints each case's largest errors against the single-process reference and
     returns 1 if any is above :data:`TOLERANCE`.
     """
@@ -865,19 +860,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
-        results = run_cases(CHECK_CASES)
+        cases = _check_cases(dist.get_world_size())
+        results = run_cases(cases)
         everyone = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(results, everyone, dst=0)
         if dist.get_rank() != 0:
             return 0
         world, failed = dist.get_world_size(), 0
         print(f"P = {world}, backend {backend}: largest |error| against one process")
-        for i, case in enumerate(CHECK_CASES):
+        for i, case in enumerate(cases):
             per_rank = [r[i] for r in everyone]
             if "error" in per_rank[0]:
                 print(f"{case.method:8} {case.layout:10} refused: {per_rank[0]['error']}")
                 continue
-            worst = max(max_errors(case, per_rank).values())
+            worst = max(_max_errors(case, per_rank).values())
             failed += worst > TOLERANCE[case.dtype]
             causal = "causal" if case.is_causal else "full"
             print(f"{case.method:8} {case.layout:10} {causal:6} {case.dtype!s:13} {worst:.1e}")
