@@ -126,9 +126,16 @@ class PagedKVCache:
         self.tables[seq], self.lengths[seq] = [], 0
         return seq
 
+    def _check_seqs(self, seqs: Sequence[int]) -> None:
+        """``seqs`` are distinct ids of sequences this cache holds."""
+        if any(s not in self.tables for s in seqs) or len(set(seqs)) != len(seqs):
+            held = sorted(self.tables)
+            raise ValueError(f"expected distinct sequence ids among {held}, got {list(seqs)}")
+
     def fork(self, parent: int) -> int:
         """A new sequence that shares every block of ``parent`` (prefix sharing):
         their reference counts go up, nothing is copied."""
+        self._check_seqs([parent])
         seq = self.new_sequence()
         self.tables[seq], self.lengths[seq] = list(self.tables[parent]), self.lengths[parent]
         self.ref_count[self.tables[seq]] += 1
@@ -136,6 +143,7 @@ class PagedKVCache:
 
     def free_sequence(self, seq: int) -> None:
         """Forget ``seq``; blocks that no other sequence holds return to the pool."""
+        self._check_seqs([seq])
         for block in self.tables.pop(seq):
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:
@@ -153,6 +161,7 @@ class PagedKVCache:
 
     def can_extend(self, seqs: Sequence[int], num_new: int) -> bool:
         """Whether the pool has the blocks to append ``num_new`` tokens to every one of ``seqs``."""
+        self._check_seqs(seqs)
         return sum(self.blocks_needed(s, num_new) for s in seqs) <= len(self.free)
 
     def _allocate(self) -> int:
@@ -181,9 +190,11 @@ class PagedKVCache:
         positions=batch.positions)``).
 
         Raises:
+            ValueError: if ``seqs`` are not distinct ids of this cache, or ``num_new < 1``.
             RuntimeError: if the pool runs out of blocks (ask :meth:`can_extend` first).
         """
         check_int("num_new", num_new, minimum=1)
+        self._check_seqs(seqs)
         old = [self.lengths[s] for s in seqs]
         for seq in seqs:
             self._reserve(seq, num_new)
