@@ -86,7 +86,7 @@ def use_book_style() -> None:
 
     Call it once, after ``import matplotlib.pyplot`` (the inline backend sets its own
     resolution when pyplot is imported). In a notebook it also makes the inline backend
-    save figures with :data:`PIXEL_RATIO` pixels per CSS px (its ``retina`` format).
+    save figures with ``PIXEL_RATIO`` (2) pixels per CSS px (its ``retina`` format).
     """
     import matplotlib
 
