@@ -129,8 +129,7 @@ class PagedKVCache:
     def _check_seqs(self, seqs: Sequence[int]) -> None:
         """``seqs`` are distinct ids of sequences this cache holds."""
         if any(s not in self.tables for s in seqs) or len(set(seqs)) != len(seqs):
-            held = sorted(self.tables)
-            raise ValueError(f"expected distinct sequence ids among {held}, got {list(seqs)}")
+            raise ValueError(f"expected distinct sequence ids of {sorted(self.tables)}: {seqs}")
 
     def fork(self, parent: int) -> int:
         """A new sequence that shares every block of ``parent`` (prefix sharing):
@@ -298,11 +297,8 @@ class PagedLayer(LayerKVCache):
         """Refuse keys that do not fit the pool (see :meth:`LayerKVCache.check_fits`)."""
         pool = self.batch.pool.key
         held = (len(self.batch.seqs), *pool.shape[-2:], pool.dtype, pool.device)
-        if held != (batch, kv_heads, d_k, dtype, device):
-            given = f"B={batch}, H_kv={kv_heads}, d_k={d_k}, {dtype} on {device}"
-            raise ValueError(
-                f"paged cache holds (B, H_kv, d_k, dtype, device) = {held}, not {given}"
-            )
+        if held != (given := (batch, kv_heads, d_k, dtype, device)):
+            raise ValueError(f"paged cache holds (B, H_kv, d_k, dtype, device) {held}, not {given}")
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``(B, H_kv, L, d_k)`` new keys and values into their slots and

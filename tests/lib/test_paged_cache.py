@@ -201,11 +201,11 @@ def test_a_paged_batch_is_refused_where_it_does_not_fit():
         PagedKVCache(2, 4, num_layers=1, num_kv_heads=1, head_dim=0)
     with pytest.raises(ValueError, match="num_new"):
         pool.extend([seq], 0)
-    with pytest.raises(ValueError, match="distinct sequence ids"):
+    with pytest.raises(ValueError, match="distinct sequence ids of"):
         pool.extend([seq, seq], 1)  # would reserve twice
-    with pytest.raises(ValueError, match="distinct sequence ids"):
+    with pytest.raises(ValueError, match="distinct sequence ids of"):
         pool.fork(seq + 1)
     pool.free_sequence(seq)
-    with pytest.raises(ValueError, match="distinct sequence ids"):
+    with pytest.raises(ValueError, match="distinct sequence ids of"):
         pool.free_sequence(seq)  # freed twice
     assert pool.num_free_blocks == 8
