@@ -132,8 +132,41 @@ from .serving import Engine, Request
 
 __all__ += ["Engine", "PagedBatch", "PagedKVCache", "PagedLayer", "Request"]
 
+# --- attention across machines: ring attention and Ulysses (chapter 12)
+from .distributed import (
+    CommStats,
+    allgather_attention,
+    ring_attention,
+    ring_blocks_per_rank,
+    ulysses_attention,
+    zigzag_merge,
+    zigzag_split,
+)
+
+__all__ += [
+    "CommStats",
+    "allgather_attention",
+    "ring_attention",
+    "ring_blocks_per_rank",
+    "ulysses_attention",
+    "zigzag_merge",
+    "zigzag_split",
+]
+
+# --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 14)
+from .convert import layer_options_from_hf
+from .kv_cache import ChunkKVCache
+
+__all__ += ["ChunkKVCache", "layer_options_from_hf"]
+
 # --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 15)
 from .dsa import lightning_indexer, top_k_keys
 from .mla import LatentKVCache, MultiHeadLatentAttention
 
 __all__ += ["LatentKVCache", "MultiHeadLatentAttention", "lightning_indexer", "top_k_keys"]
+
+# --- attention without softmax: linear attention, the delta rule, hybrids (chapter 16)
+from .gated_deltanet import GatedDeltaNet, LayerStateCache
+from .linear_attention import gated_delta_rule, linear_attention
+
+__all__ += ["GatedDeltaNet", "LayerStateCache", "gated_delta_rule", "linear_attention"]

@@ -49,7 +49,8 @@ class CausalLM(nn.Module):
     causal mask (a decoder-only block *is* an encoder block that may not look
     ahead), followed by a final ``LayerNorm`` and a linear head.
 
-    Explained in chapter 8, *Attention that writes*.
+    Explained in chapter 8, *Attention that writes*; layer types, chunks and
+    NoPE layers in chapter 14, *Long contexts*.
 
     Args:
         vocab_size: number of token ids ``0 .. vocab_size - 1``.
@@ -74,10 +75,11 @@ class CausalLM(nn.Module):
             tokens ``i - window < j <= i`` only; generation then keeps a rolling
             cache of ``window`` tokens. ``None`` for plain causal attention.
         layer_types: one name per layer, ``"full"``, ``"sliding"`` (with
-            ``window``) or ``"chunked"`` (with ``chunk_size``), or another name
+            ``window``), ``"chunked"`` (with ``chunk_size``), ``"linear"``
+            (Gated DeltaNet, a fixed-size state; chapter 16), or another name
             of :data:`~attention_lib.layer_types.LAYER_TYPES` (Gemma 2 and 3's
-            local and global layers, Llama 4's chunks; chapter 14, in
-            preparation). Each layer then keeps its own cache, only what it
+            local and global layers, Llama 4's chunks; chapter 14).
+            Each layer then keeps its own cache, only what it
             can see. ``None`` (default): every layer alike, ``window`` in all.
         chunk_size: the chunk of the ``"chunked"`` layers.
         nope_layers: indices of the layers that get no RoPE (NoPE, Llama 4's

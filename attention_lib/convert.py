@@ -42,16 +42,17 @@ def layer_options_from_hf(config: Any) -> dict[str, Any]:
     Reads ``config.layer_types`` (``"full_attention"``, ``"sliding_attention"``,
     ``"chunked_attention"``, one per layer: Gemma 2 and 3, Llama 4, ...),
     ``sliding_window``, ``attention_chunk_size`` and Llama 4's
-    ``no_rope_layers`` (``0`` marks a layer without RoPE). Chapter 14, *Long
-    contexts*, in preparation, will explain it.
+    ``no_rope_layers`` (``0`` marks a layer without RoPE).
+
+    Explained in chapter 14, *Long contexts*.
 
     Args:
         config: a transformers ``PretrainedConfig`` (or any object with those
             fields) that has ``layer_types``.
 
     Returns:
-        ``{"layer_types": [...], "window": ..., "chunk_size": ...,
-        "nope_layers": [...]}``.
+        A dict with the keys ``layer_types`` (a list of names), ``window``,
+        ``chunk_size`` and ``nope_layers`` (a list of layer indices).
 
     Raises:
         ValueError: if ``config`` has no ``layer_types``, or a layer type this
@@ -177,8 +178,8 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     ``clip_qkv`` (OLMo), attention logit soft-capping (Gemma 2's
     ``attn_logit_softcapping``), a rotation other than rotate-half or
     interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
-    frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 14 in
-    preparation; ``"dynamic"``, whose speeds depend on the length of each call
+    frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 14;
+    ``"dynamic"``, whose speeds depend on the length of each call
     and on the lengths the model saw before, is refused, as are
     ``partial_rotary_factor`` and other ``rope_type`` s), a bias in some projections only (Qwen2), a
     head width other than ``hidden_size // num_attention_heads``, and

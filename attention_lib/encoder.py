@@ -213,8 +213,8 @@ class EncoderLayer(nn.Module):
             ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
         layer_type: a name of :data:`~attention_lib.layer_types.LAYER_TYPES`
             (``"full"``, ``"sliding"``, ``"chunked"``, ...): its ``make_mixer``
-            builds the token mixer from these options (chapter 14, in
-            preparation); ``None`` (default) for a ``MultiHeadAttention``.
+            builds the token mixer from these options (chapter 14);
+            ``None`` (default) for a ``MultiHeadAttention``.
 
     A building block: its ``forward`` checks nothing itself; its
     self-attention, a :class:`~attention_lib.MultiHeadAttention`, validates
@@ -326,7 +326,7 @@ class Encoder(nn.Module):
         dropout: dropout probability (``train()`` only).
         layer_types: one name of :data:`~attention_lib.layer_types.LAYER_TYPES`
             per layer (``"full"``, ``"sliding"`` with ``window``, ``"chunked"``
-            with ``chunk_size``; chapter 14, in preparation), or ``None``
+            with ``chunk_size``; chapter 14), or ``None``
             (default): every layer a ``MultiHeadAttention`` with the same options.
         nope_layers: indices of layers without RoPE (NoPE, Llama 4's global
             layers): their attention gets ``rope_base=None``.

@@ -146,7 +146,8 @@ class ChunkKVCache(LayerKVCache):
     when a chunk is full its keys and values are dropped: the cache never holds
     more than ``chunk - 1`` positions, and the keys it holds always start a
     chunk (what :class:`~attention_lib.masks.Causal`'s ``chunk`` assumes).
-    Chapter 14, *Long contexts*, in preparation, will explain it.
+
+    Explained in chapter 14, *Long contexts*.
 
     Args:
         chunk: the chunk length ``c >= 1``.
@@ -190,7 +191,7 @@ class KVCache:
             window then attends to the sinks and the last ``window`` tokens.
 
     A model whose layers see different spans (``CausalLM(layer_types=...)``,
-    chapter 14 in preparation) makes each layer's cache itself: a
+    chapter 14) makes each layer's cache itself: a
     :class:`LayerKVCache` for a full layer, a rolling one for a sliding layer, a
     :class:`ChunkKVCache` for a chunked one (:mod:`attention_lib.layer_types`).
 

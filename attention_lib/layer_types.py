@@ -16,18 +16,24 @@ means:
 * ``make_cache(mixer)`` makes the per-layer cache that
   :class:`~attention_lib.KVCache` keeps for it: only what the layer can see.
 
-The three types of this package, all :class:`~attention_lib.MultiHeadAttention`:
+The attention types of this package, all :class:`~attention_lib.MultiHeadAttention`:
 
 * ``"full"``: causal attention over every earlier token; the cache keeps every
   key and value;
 * ``"sliding"``: attention over the last ``window`` tokens; the cache keeps
   the last ``window`` (a rolling :class:`~attention_lib.LayerKVCache`);
 * ``"chunked"``: attention within chunks of ``chunk_size`` tokens; the cache
-  keeps the current chunk only (:class:`~attention_lib.kv_cache.ChunkKVCache`).
+  keeps the current chunk only (:class:`~attention_lib.kv_cache.ChunkKVCache`);
+
+and one without softmax, ``"linear"``: a
+:class:`~attention_lib.gated_deltanet.GatedDeltaNet` (Qwen3-Next's linear
+layer) whose cache is a fixed-size
+:class:`~attention_lib.gated_deltanet.LayerStateCache` (chapter 16).
 
 A new kind of layer is one more entry (:func:`register_layer_type`), not a new
-branch in the model. Chapter 14, *Long contexts*, in preparation, will explain
-the local/global layers.
+branch in the model.
+
+Explained in chapter 14, *Long contexts*.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from .mha import MultiHeadAttention
 class LayerType(NamedTuple):
     """What a layer type builds: its token mixer and its per-layer cache.
 
-    Chapter 14, *Long contexts*, in preparation, will explain it.
+    Explained in chapter 14, *Long contexts*.
 
     Attributes:
         make_mixer: ``(d_model, num_heads, *, dropout, window, chunk_size,
@@ -103,7 +109,7 @@ def register_layer_type(
 ) -> None:
     """Add a layer type to :data:`LAYER_TYPES` (or replace one of the same name).
 
-    Chapter 14, *Long contexts*, in preparation, will explain it.
+    Explained in chapter 14, *Long contexts*.
 
     Args:
         name: the name used in ``layer_types``.

@@ -96,7 +96,7 @@ class MultiHeadAttention(nn.Module):
         rope_scaling: with ``rope_base``, a RoPE ``scaling`` dict in 🤗
             transformers' format (``"linear"``, ``"dynamic"``, ``"yarn"``,
             ``"llama3"``; see :func:`~attention_lib.rope_frequencies`; chapter
-            14, in preparation). ``"dynamic"`` takes its length from each call's
+            14). ``"dynamic"`` takes its length from each call's
             positions and is refused with a ``kv_cache`` (cached keys were
             turned at other speeds). ``None`` (default) for plain RoPE.
         scale: multiplier of the scores, as ``F.scaled_dot_product_attention``'s
@@ -107,7 +107,7 @@ class MultiHeadAttention(nn.Module):
             ``is_causal``. ``None`` (default) for no window.
         chunk_size: chunked attention (Llama 4's local layers): with
             ``is_causal=True`` a query sees only the keys of its own chunk of
-            ``chunk_size`` positions (chapter 14, in preparation); refuses
+            ``chunk_size`` positions (chapter 14); refuses
             calls without ``is_causal`` and a cache that does not start a chunk
             (use a :class:`~attention_lib.ChunkKVCache`). ``None`` for none.
         qk_norm: QK-norm (Qwen3, OLMo 2): an ``nn.RMSNorm`` over each head's

@@ -27,9 +27,9 @@ interpolation: every speed divided by ``factor``), ``"dynamic"`` (NTK-aware:
 a larger base, from the length of the sequence), ``"yarn"`` (fast pairs kept,
 slow pairs interpolated, a ramp between, and an *attention factor* that
 multiplies ``cos`` and ``sin``) and ``"llama3"`` (Llama 3.1's band-wise rule).
-Chapter 14, *Long contexts*, in preparation, will explain them.
 
-Explained in chapter 9, *Attention in today's LLMs*.
+Explained in chapter 9, *Attention in today's LLMs*; scaling in chapter 14,
+*Long contexts*.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def rope_frequencies(
     attention factor that multiplies ``cos`` and ``sin``), as
     ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]`` does.
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    Explained in chapter 9, *Attention in today's LLMs*; scaling in chapter
+    14, *Long contexts*.
 
     Args:
         d_head: width of one head (even).
@@ -133,7 +134,8 @@ def apply_rope(
     (``"dynamic"`` takes ``seq_len = max(positions) + 1``, as transformers
     does in one pass).
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    Explained in chapter 9, *Attention in today's LLMs*; scaling in chapter
+    14, *Long contexts*.
 
     Args:
         x: queries or keys, ``(..., L, d_head)`` with an even ``d_head``.

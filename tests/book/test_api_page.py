@@ -43,8 +43,18 @@ SUBMODULE_ONLY = {
     "attention_lib.sdpa.attend",
     "attention_lib.tiled.tiled_core",
     "attention_lib.tiled.DEFAULT_BLOCK_SIZE",
+    # chapter 12's launcher and its worker, for notebooks, tests and torchrun
+    "attention_lib.distributed.launch",
+    "attention_lib.distributed.run_cases",
+    "attention_lib.distributed.Case",
+    "attention_lib.distributed.reference",
+    "attention_lib.distributed.gather",
     "attention_lib.dsa.LightningIndexer",
     "attention_lib.dsa.top_k_mask",
+    # chapter 14's table of layer types (a new type is one more entry)
+    "attention_lib.layer_types.LayerType",
+    "attention_lib.layer_types.register_layer_type",
+    "attention_lib.layer_types.LAYER_TYPES",
 }
 
 
