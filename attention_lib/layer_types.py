@@ -8,7 +8,7 @@ recurrence. :class:`~attention_lib.CausalLM` takes one name per layer,
 ``layer_types=["sliding", "full", ...]``, and this table says what each name
 means:
 
-* ``make_mixer(d_model, num_heads, *, dropout, window, chunk_size, **attention)``
+* ``make_mixer(d_model, num_heads, *, dropout, window, chunk_size, **options)``
   builds the layer's token-mixing module (the "self-attention" sublayer of its
   :class:`~attention_lib.EncoderLayer`), called as a self-attention:
   ``mixer(x, x, x, mask, is_causal=..., need_weights=..., kv_cache=...,
@@ -23,7 +23,7 @@ The attention types of this package, all :class:`~attention_lib.MultiHeadAttenti
 * ``"sliding"``: attention over the last ``window`` tokens; the cache keeps
   the last ``window`` (a rolling :class:`~attention_lib.LayerKVCache`);
 * ``"chunked"``: attention within chunks of ``chunk_size`` tokens; the cache
-  keeps the current chunk only (:class:`~attention_lib.kv_cache.ChunkKVCache`);
+  keeps the current chunk only (:class:`~attention_lib.ChunkKVCache`);
 
 and one without softmax, ``"linear"``: a
 :class:`~attention_lib.gated_deltanet.GatedDeltaNet` (Qwen3-Next's linear
@@ -54,9 +54,10 @@ class LayerType(NamedTuple):
     Explained in chapter 14, *Long contexts*.
 
     Attributes:
-        make_mixer: ``(d_model, num_heads, *, dropout, window, chunk_size,
-            **attention) -> nn.Module``; the module is called as a
-            self-attention (see :mod:`attention_lib.layer_types`).
+        make_mixer: builds the layer's token mixer, an ``nn.Module``, from
+            ``d_model``, ``num_heads`` and the keywords ``dropout``,
+            ``window``, ``chunk_size`` and the attention options; the module
+            is called as a self-attention (see :mod:`attention_lib.layer_types`).
         make_cache: ``(mixer) -> cache``, an empty per-layer cache with
             ``update`` (or what the mixer needs), ``position`` (tokens seen),
             ``nbytes`` and ``len()`` (positions stored).

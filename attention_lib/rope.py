@@ -90,7 +90,7 @@ def rope_frequencies(
         device: device of the result.
 
     Returns:
-        ``(omega, attention_factor)``: a float64 tensor of shape
+        The pair ``(omega, attention_factor)``, a float64 tensor of shape
         ``(d_head // 2,)`` and a float (1.0 except for YaRN).
 
     Raises:
