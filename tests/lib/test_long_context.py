@@ -361,3 +361,37 @@ def test_nope_layers_drop_the_rope_scaling_too() -> None:
         (None, None),
         (10000.0, SCALINGS["yarn"]),
     ]
+
+
+def test_tiled_attention_visits_only_the_tiles_of_each_chunk(monkeypatch) -> None:
+    # 64 queries and keys in chunks of 16, tiles of 8: each chunk is a 2x2 grid of
+    # tiles whose lower triangle (3 tiles) is visited; causal alone would visit 36.
+    import torch.nn.functional as F
+
+    from attention_lib import tiled as tiled_module
+    from attention_lib.masks import Causal
+
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 64, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+    visited = []
+    keep_tile = tiled_module._Tiles.keep_tile
+
+    def recording(self, keep, *bounds):
+        visited.append(bounds[:4])
+        return keep_tile(self, keep, *bounds)
+
+    monkeypatch.setattr(tiled_module._Tiles, "keep_tile", recording)
+    options = {"dropout_p": 0.0, "scale": None, "block_size": (8, 8)}
+    out = tiled_module.tiled_core(q, k, v, None, causal=Causal(0, None, 16), **options)
+    forward = len(visited)
+    mask = causal_mask(64, chunk=16)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
+    assert forward == 4 * 3
+    assert all(k0 // 16 == (q1 - 1) // 16 for q0, q1, k0, k1 in visited)  # within a chunk
+    grad = torch.randn_like(out)
+    ours = torch.autograd.grad(out, (q, k, v), grad)
+    theirs = torch.autograd.grad(expected, (q, k, v), grad)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    assert len(visited) == 2 * forward  # the backward pass recomputes the same tiles
