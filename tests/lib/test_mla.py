@@ -200,3 +200,18 @@ def test_bad_input_is_refused_clearly():
         MultiHeadLatentAttention(D_MODEL, HEADS, **{**SIZES, "kv_lora_rank": 16.0})
     with pytest.raises(TypeError, match="absorb must be a bool"):
         tiny(absorb="yes")
+
+
+def test_bfloat16_follows_deepseek_v3_within_its_rounding():
+    """In bfloat16 the module keeps the layer's dtype; it differs from transformers
+    only by rounding (its RMSNorm rounds twice, nn.RMSNorm once)."""
+    hf = HF()
+    hf.layer.to(torch.bfloat16)
+    m = MultiHeadLatentAttention.from_hf(hf.layer)
+    assert m.W_o.weight.dtype == torch.bfloat16
+    x = X.to(torch.bfloat16)
+    with torch.no_grad():
+        ours, theirs = m(x, is_causal=True).float(), hf(x).float()
+        exact = MultiHeadLatentAttention.from_hf(HF().layer)(X, is_causal=True)
+    assert (ours - theirs).abs().max() < 0.02 * exact.abs().max()
+    assert (ours - exact).abs().max() < 0.02 * exact.abs().max()
