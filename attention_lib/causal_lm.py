@@ -208,6 +208,9 @@ class CausalLM(nn.Module):
         if mask is not None:  # padding: (B, P + L) -> the stored and new keys (B, 1, 1, T + L)
             if cache is not None and (cache.sink_tokens is not None or self.layer_types):
                 raise ValueError("a padding mask needs a cache alike in every layer, no sinks")
+            if any(getattr(block.self_attn, "chunk_size", None) for block in self.blocks.layers):
+                # transformers counts a padded row's chunks from its first real token
+                raise ValueError("chunked layers take no padding mask (chunks would shift)")
             keep = check_mask(mask, (tokens.shape[0], past + length), device=tokens.device)
             stored = length + (0 if cache is None else len(cache))  # a rolling cache drops some
             keep = keep.expand(tokens.shape[0], -1)[:, None, None, -stored:]

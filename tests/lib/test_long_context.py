@@ -395,3 +395,15 @@ def test_tiled_attention_visits_only_the_tiles_of_each_chunk(monkeypatch) -> Non
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
     assert len(visited) == 2 * forward  # the backward pass recomputes the same tiles
+
+
+def test_chunked_layers_refuse_a_padding_mask() -> None:
+    # A left-padded row's chunks start at its first real token in transformers
+    # (chunked_overlay's left_padding); ours would start at the padding: refused.
+    model = CausalLM(11, 16, 2, 2, layer_types=["chunked", "full"], chunk_size=4).eval()
+    tokens = torch.randint(0, 11, (2, 6))
+    mask = torch.tensor([[True] * 6, [False] * 2 + [True] * 4])
+    with pytest.raises(ValueError, match="chunked"):
+        model(tokens, mask=mask)
+    sliding = CausalLM(11, 16, 2, 2, layer_types=["sliding", "full"], window=3).eval()
+    assert sliding(tokens, mask=mask).shape == (2, 6, 11)  # windows count key indices
