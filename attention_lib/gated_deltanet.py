@@ -121,28 +121,55 @@ class GatedDeltaNet(nn.Module):
         self.norm = nn.RMSNorm(self.head_dim, eps=eps)
         self.W_o = nn.Linear(width, d_model, bias=False)
 
-    def forward(self, x: Tensor, *, cache: LayerStateCache | None = None) -> Tensor:
-        """Mix the tokens of ``x``; with a ``cache``, continue after its tokens.
+    def forward(
+        self,
+        x: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = True,
+        need_weights: bool = False,
+        kv_cache: LayerStateCache | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Mix the tokens of ``x``; with a cache, continue after its tokens.
+
+        Called as a self-attention sublayer is (``layer(x, x, x, kv_cache=...)``,
+        the way :class:`~attention_lib.EncoderLayer` calls its token mixer) or
+        simply ``layer(x)``. It mixes ``x`` with itself, causally, and uses no
+        positions (the order of the tokens is in the recurrence, as in
+        Qwen3-Next's linear layers), so ``positions`` is ignored.
 
         Args:
             x: ``(B, L, d_model)``.
-            cache: a :class:`LayerStateCache` holding the state after the
+            key, value: ``None`` or ``x`` itself.
+            mask: must be ``None``: a padding mask is not supported.
+            is_causal: must be ``True``: the recurrence only looks back.
+            need_weights: must be ``False``: there are no attention weights.
+            kv_cache: a :class:`LayerStateCache` holding the state after the
                 tokens before ``x`` (empty for a new sequence); it is replaced
                 by the state after ``x``.
+            positions: ignored.
 
         Returns:
             ``(B, L, d_model)``.
 
         Raises:
-            TypeError: if ``x`` is not a floating tensor or ``cache`` not a
+            TypeError: if ``x`` is not a floating tensor or ``kv_cache`` not a
                 :class:`LayerStateCache`.
-            ValueError: if ``x`` is not ``(B, L, d_model)`` or the cache holds
-                another batch or dtype.
+            ValueError: if ``x`` is not ``(B, L, d_model)``, the cache holds
+                another batch or dtype, or the call asks for what the layer
+                cannot do (a mask, weights, non-causal mixing, another key).
         """
         check_tensor("x", x, min_dim=3)
         check_same("d_model (last dim)", x=x.shape[-1], layer=self.d_model)
+        others = [t for t in (key, value) if t is not None and t is not x]
+        if mask is not None or need_weights or not is_causal or others:
+            raise ValueError("GatedDeltaNet mixes x causally with itself: no mask, no weights")
+        cache = kv_cache
         if cache is not None:
-            check_instance("cache", cache, LayerStateCache, "a LayerStateCache or None")
+            check_instance("kv_cache", cache, LayerStateCache, "a LayerStateCache or None")
             held = cache.state if cache.state is not None else x  # an empty cache fits
             check_same("(batch, dtype)", cache=(held.shape[0], held.dtype), x=(len(x), x.dtype))
         B, L, _ = x.shape

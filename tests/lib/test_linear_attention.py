@@ -227,8 +227,8 @@ def test_the_layer_continues_from_its_cache(conv_size) -> None:
     cache = LayerStateCache()
     with torch.no_grad():
         whole = layer(x)
-        parts = [layer(x[:, :6], cache=cache)]  # prefill 6, then one token at a time
-        parts += [layer(x[:, t : t + 1], cache=cache) for t in range(6, 11)]
+        parts = [layer(x[:, :6], kv_cache=cache)]  # prefill 6, then one token at a time
+        parts += [layer(x[:, t : t + 1], kv_cache=cache) for t in range(6, 11)]
     close(torch.cat(parts, dim=1), whole)
     assert cache.position == 11 and len(cache) == 0
     expected = 2 * 4 * 8 * 8 * 4 + (0 if conv_size is None else 2 * 96 * (conv_size - 1) * 4)
@@ -239,10 +239,16 @@ def test_the_layer_refuses_a_foreign_cache() -> None:
     layer = GatedDeltaNet(32, 4)
     cache = LayerStateCache()
     with torch.no_grad():
-        layer(torch.randn(2, 3, 32), cache=cache)
+        layer(torch.randn(2, 3, 32), kv_cache=cache)
     with pytest.raises(ValueError, match="batch, dtype"):
-        layer(torch.randn(3, 1, 32), cache=cache)
+        layer(torch.randn(3, 1, 32), kv_cache=cache)
     with pytest.raises(TypeError, match="LayerStateCache"):
-        layer(torch.randn(2, 1, 32), cache={})
+        layer(torch.randn(2, 1, 32), kv_cache={})
     with pytest.raises(ValueError, match="d_model"):
         layer(torch.randn(2, 1, 16))
+    x = torch.randn(2, 3, 32)
+    for bad in ({"mask": torch.ones(3, 3, dtype=torch.bool)}, {"need_weights": True},
+                {"is_causal": False}, {"key": x.clone()}):  # fmt: skip
+        with pytest.raises(ValueError, match="causally with itself"):
+            layer(x, **bad)
+    assert layer(x, x, x, is_causal=True, positions=torch.arange(3)).shape == x.shape
