@@ -496,7 +496,9 @@ def ring_attention(
             backward); ``None`` counts nothing.
 
     Returns:
-        This rank's ``(B, H, N/P, D_v)`` shard of the output.
+        This rank's ``(B, H, N/P, D_v)`` shard of the output. float16/bfloat16
+        shards are computed (and sent) in float32, as chapter 10 computes them,
+        and the output is cast back.
 
     Raises:
         TypeError: if the inputs are not floating tensors of one dtype, or
@@ -513,9 +515,10 @@ def ring_attention(
     _check_shards(query, key, value, is_causal, scale, layout=layout, stats=stats)
     comm = _join(query, value, group, is_causal, scale, stats, layout)
     b, h, length, d_v = *query.shape[:3], value.shape[-1]
-    q, k, v = (t.reshape(b * h, length, -1).contiguous() for t in (query, key, value))
+    dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    q, k, v = (t.to(dtype).reshape(b * h, length, -1).contiguous() for t in (query, key, value))
     out = _RingAttention.apply(q, k, v, comm)  # (B*H, N/P, D_v)
-    return out.reshape(b, h, length, d_v)
+    return out.reshape(b, h, length, d_v).to(query.dtype)
 
 
 def ulysses_attention(

@@ -55,7 +55,8 @@ REFUSED = [
     Case("ulysses", (1, 6, 32, 8), world_size=4),  # H = 6 heads over 4 ranks
     Case("ring", (1, 4, 12, 8), layout="contiguous", world_size=4),  # fine: the group goes on
 ]
-CASES = PARITY + ALLGATHER + REFUSED
+HALF = [Case(m, SHAPE, True, lay, torch.bfloat16, world_size=4) for m, lay in METHODS]
+CASES = PARITY + ALLGATHER + REFUSED + HALF
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,16 @@ def test_gathered_output_and_gradients_equal_one_process_sdpa(runs, case):
     for name, expected in zip(("out", "dq", "dk", "dv"), (want, *want_grads)):
         assert got[name].shape == expected.shape
         torch.testing.assert_close(got[name], expected.detach(), rtol=0, atol=TOL[case.dtype])
+
+
+@pytest.mark.parametrize("case", HALF, ids=str)
+def test_bfloat16_shards_are_computed_in_float32_and_cast_back(runs, case):
+    got = D.gather(case, _ranks(runs[case]))
+    q, k, v, _ = (t.double() for t in case.inputs())
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert got["out"].dtype == torch.bfloat16
+    # one bfloat16 rounding of the output (8 bits of mantissa), not an accumulation in it
+    torch.testing.assert_close(got["out"].double(), want, rtol=2**-8, atol=2**-8)
 
 
 def test_the_distributed_result_is_not_one_of_its_shards(runs):
