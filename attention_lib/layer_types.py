@@ -67,22 +67,20 @@ class LayerType(NamedTuple):
     make_cache: Callable[[nn.Module], Any]
 
 
-def _full(
-    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
-):
-    return MultiHeadAttention(d_model, num_heads, dropout, **attention)
+def _attention(extent: str | None = None) -> Callable[..., nn.Module]:
+    """The ``make_mixer`` of an attention type: a :class:`MultiHeadAttention` that
+    takes ``window`` (a sliding layer), ``chunk_size`` (a chunked one) or neither
+    (a full one) of the model's options; it ignores the other."""
 
+    def make_mixer(
+        d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
+    ) -> nn.Module:
+        spans = {"window": window, "chunk_size": chunk_size}
+        if extent is not None:
+            attention[extent] = spans[extent]
+        return MultiHeadAttention(d_model, num_heads, dropout, **attention)
 
-def _sliding(
-    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
-):
-    return MultiHeadAttention(d_model, num_heads, dropout, window=window, **attention)
-
-
-def _chunked(
-    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
-):
-    return MultiHeadAttention(d_model, num_heads, dropout, chunk_size=chunk_size, **attention)
+    return make_mixer
 
 
 def _linear(
@@ -98,9 +96,9 @@ def _linear(
 
 #: The layer types of ``CausalLM(layer_types=...)``, by name.
 LAYER_TYPES: dict[str, LayerType] = {
-    "full": LayerType(_full, lambda mixer: LayerKVCache()),
-    "sliding": LayerType(_sliding, lambda mixer: LayerKVCache(window=mixer.window)),
-    "chunked": LayerType(_chunked, lambda mixer: ChunkKVCache(mixer.chunk_size)),
+    "full": LayerType(_attention(), lambda mixer: LayerKVCache()),
+    "sliding": LayerType(_attention("window"), lambda mixer: LayerKVCache(window=mixer.window)),
+    "chunked": LayerType(_attention("chunk_size"), lambda mixer: ChunkKVCache(mixer.chunk_size)),
     "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 16
 }
 
