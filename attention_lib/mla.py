@@ -449,7 +449,14 @@ class MultiHeadLatentAttention(nn.Module):
         non-default RoPE such as YaRN, or RoPE that is not interleaved).
 
         Explained in chapter 15, *Latent and sparse attention*.
+
+        Raises:
+            TypeError: if ``layer`` is not such a layer (it has no ``kv_b_proj``).
         """
+        if not isinstance(layer, nn.Module) or not hasattr(layer, "kv_b_proj"):
+            raise TypeError(
+                f"layer must be a DeepseekV3Attention or DeepseekV32Attention, got {type(layer)}"
+            )
         config = layer.config
         rope = dict(getattr(config, "rope_parameters", None) or {})
         if rope.get("rope_type", "default") != "default" or not getattr(

@@ -108,6 +108,8 @@ def test_from_hf_refuses_what_it_cannot_reproduce():
         MultiHeadLatentAttention.from_hf(HF(rope_parameters={"rope_theta": 1e4, **yarn}).layer)
     with pytest.raises(ValueError, match="RoPE"):
         MultiHeadLatentAttention.from_hf(HF(rope_interleave=False).layer)
+    with pytest.raises(TypeError, match="DeepseekV3Attention or DeepseekV32Attention"):
+        MultiHeadLatentAttention.from_hf(tiny())  # our own module is not a 🤗 layer
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 12])
