@@ -40,9 +40,15 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TIMEOUT_MS = 15_000
-# The two screens the book is read on: a desktop and a phone (touch, mobile viewport).
+# The two screens the book is read on: a desktop and a phone (touch, mobile viewport, two
+# device pixels per CSS px).
 DESKTOP = {"viewport": {"width": 1280, "height": 900}}
-PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+PHONE = {
+    "viewport": {"width": 390, "height": 844},
+    "is_mobile": True,
+    "has_touch": True,
+    "device_scale_factor": 2,
+}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -54,7 +60,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

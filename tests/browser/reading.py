@@ -1,0 +1,162 @@
+"""What issue 29 measures on a page of the built book, shared by the browser tests and
+reading_report.py: figure text size as shown, display equations wider than their box, code
+blocks that scroll with no cue, the cumulative layout shift and axe-core's violations.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from urllib.parse import unquote, urlparse
+
+from bookpages import SITE_DIR
+
+from attention_lib.show.style import MIN_FONT_PT, text_css_px
+
+# Cumulative layout shift as Chromium reports it (web-vitals' definition: the largest
+# session window of shifts, a window ending after a 1 s gap or at 5 s; shifts right after
+# the reader's input do not count). Installed before the page loads.
+CLS_INIT_JS = """(() => {
+    window.__afsCls = {value: 0, window: 0, first: 0, last: 0, shifts: []};
+    try {
+        new PerformanceObserver((list) => {
+            const s = window.__afsCls;
+            for (const e of list.getEntries()) {
+                if (e.hadRecentInput) continue;
+                if (s.window && e.startTime - s.last < 1000 && e.startTime - s.first < 5000) {
+                    s.window += e.value;
+                } else {
+                    s.window = e.value;
+                    s.first = e.startTime;
+                }
+                s.last = e.startTime;
+                s.value = Math.max(s.value, s.window);
+                s.shifts.push([Math.round(e.startTime), +e.value.toFixed(4),
+                    (e.sources || []).map(x => x.node ? (x.node.nodeName || '') + '.' +
+                        (x.node.className || '') : '').join(' ').slice(0, 80)]);
+            }
+        }).observe({type: 'layout-shift', buffered: true});
+    } catch (e) {}
+})();"""
+
+# The page as loaded, MathJax done, lazy figures in view loaded, two frames later.
+SETTLE_JS = """async () => {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        await MathJax.startup.promise;
+    }
+    await new Promise(r => setTimeout(r, 400));
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+}"""
+
+# Open every hidden output and load every figure, as a reader who scrolls through would.
+SHOW_ALL_JS = """async () => {
+    document.querySelectorAll('article details').forEach(d => d.open = true);
+    document.querySelectorAll('img[loading="lazy"]').forEach(i => i.loading = 'eager');
+    const imgs = [...document.querySelectorAll('.cell_output img')];
+    await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => {
+        i.addEventListener('load', r); i.addEventListener('error', r); })));
+}"""
+
+# Figures a reader sees: every static figure and the shown frame of each explorer.
+SHOWN_FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')]
+    .filter(i => i.offsetParent !== null && i.getBoundingClientRect().width > 0)
+    .map(i => {
+        const ex = i.closest('.afs-explorer');
+        // the button that opens a shrunk figure at full size (afs.js), if shown
+        const cue = i.parentElement.querySelector(':scope > button.afs-zoom-cue');
+        const box = cue && !cue.hidden ? cue.getBoundingClientRect() : null;
+        return {src: i.currentSrc || i.src, natural: i.naturalWidth,
+                shown: i.getBoundingClientRect().width, alt: i.alt,
+                zoomable: i.classList.contains('afs-zoomable'),
+                cue: box && box.width > 0 ? {height: box.height, text: cue.textContent} : null,
+                font: ex ? ex.dataset.smallestFontPt ?? null : 'static'};
+    })"""
+
+# Display equations wider than their box (cut, or scrolling inside it).
+WIDE_MATH_JS = """() => [...document.querySelectorAll('article mjx-container[display="true"]')]
+    .filter(m => m.scrollWidth > m.clientWidth + 1)
+    .map(m => (m.closest('[id]') || {}).id + ': ' + m.textContent.slice(0, 50))"""
+
+CODE_CUE_JS = """() => {
+    const faded = (p) => getComputedStyle(p).maskImage !== 'none'
+        || (getComputedStyle(p).webkitMaskImage || 'none') !== 'none';
+    const wide = [...document.querySelectorAll('article pre')]
+        .filter(p => p.clientWidth > 0 && p.scrollWidth > p.clientWidth + 1);
+    return {wide: wide.length, uncued: wide.filter(p => !faded(p)).length};
+}"""
+
+
+def png_dpi(data: bytes) -> float | None:
+    """The resolution a PNG was saved at (its pHYs chunk), in dots per inch."""
+    at = data.find(b"pHYs")
+    if at < 0:
+        return None
+    x, _, unit = struct.unpack(">IIB", data[at + 4 : at + 13])
+    return x * 0.0254 if unit == 1 else None
+
+
+def image_bytes(src: str) -> bytes:
+    if src.startswith("data:"):
+        return base64.b64decode(src.split(",", 1)[1])
+    return (SITE_DIR / unquote(urlparse(src).path).lstrip("/")).read_bytes()
+
+
+def figure_texts(page) -> list[dict]:
+    """Each figure shown on ``page`` (all outputs opened) with the CSS px height of its
+    smallest text as shown, ``px`` (None when the PNG records no resolution or an
+    explorer no font), and at full size, ``full_px`` (what a tap on a shrunk figure shows).
+    """
+    page.evaluate(SHOW_ALL_JS)
+    out = []
+    for fig in page.evaluate(SHOWN_FIGURES_JS):
+        dpi = png_dpi(image_bytes(fig["src"]))
+        font = MIN_FONT_PT if fig["font"] == "static" else fig["font"]
+        if dpi is None or font in (None, ""):
+            fig.update(px=None, full_px=None, dpi=dpi)
+        else:
+            fig.update(
+                dpi=dpi,
+                font_pt=float(font),
+                px=text_css_px(float(font), dpi, fig["natural"], fig["shown"]),
+                # at full size a 2x figure is shown at half its pixels (its width attribute)
+                full_px=float(font) * 96 / 72,
+            )
+        out.append(fig)
+    return out
+
+
+def axe_impacts(page) -> dict[str, list[str]]:
+    """axe-core's violations on ``page``: impact -> ["rule-id (n nodes)", ...]."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    found: dict[str, list[str]] = {}
+    for v in Axe().run(page).response["violations"]:
+        found.setdefault(v["impact"] or "none", []).append(f"{v['id']} ({len(v['nodes'])})")
+    return found
+
+
+def measure_page(page, docname: str, where: str, errors: list[str]) -> dict:
+    """The issue's quantities on ``page``; ``errors``: its console errors so far (axe-core
+    itself asks for the theme's @import-ed stylesheets at wrong URLs: not counted)."""
+    page.evaluate(SETTLE_JS)
+    console = list(errors)
+    cls = page.evaluate("() => window.__afsCls || {value: -1, shifts: []}")
+    wide_math = page.evaluate(WIDE_MATH_JS)
+    axe = axe_impacts(page)
+    figs = figure_texts(page)
+    code = page.evaluate(CODE_CUE_JS)
+    return {
+        "page": docname,
+        "console_errors": len(console),
+        "console_texts": [e[:100] for e in console[:3]],
+        "where": where,
+        "cls": round(cls["value"], 4),
+        "shifts": cls["shifts"][:6],
+        "wide_math": len(wide_math),
+        "wide_math_where": wide_math[:4],
+        "wide_code": code["wide"],
+        "uncued_code": code["uncued"],
+        "figure_text_px": [round(f["px"], 2) for f in figs if f["px"] is not None],
+        "axe": {k: len(v) for k, v in axe.items()},
+        "axe_rules": axe,
+    }
