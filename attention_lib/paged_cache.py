@@ -94,7 +94,16 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
         """The pool for a :class:`~attention_lib.CausalLM`: its layers, key/value
-        heads, head width, dtype and device."""
+        heads, head width, dtype and device.
+
+        Raises:
+            ValueError: for a model with ``layer_types`` (sliding, chunked or
+                linear layers keep caches of their own kinds, not blocks).
+        """
+        if getattr(model, "layer_types", None) is not None:
+            raise ValueError(
+                f"a paged cache needs layers alike, got layer_types={model.layer_types}"
+            )
         attention = model.blocks.layers[0].self_attn
         weight = attention.W_k.weight
         return cls(

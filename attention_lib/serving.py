@@ -46,6 +46,8 @@ class Request:
         eos_token_id: stop after this token (``None``: only ``max_new_tokens``).
         arrival: the engine step at which the request arrives.
         output: the generated tokens so far.
+        seq: its sequence id in the engine's paged cache while it runs
+            (``None`` while it waits or after it finished).
     """
 
     prompt: Tensor
@@ -53,7 +55,7 @@ class Request:
     eos_token_id: int | None = None
     arrival: int = 0
     output: list[int] = field(default_factory=list)
-    seq: int | None = None  # its sequence in the paged cache while it runs
+    seq: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -71,7 +73,9 @@ class Engine:
     Explained in chapter 11, *Serving attention*.
 
     Args:
-        model: the model (run in ``eval()`` mode, without gradients).
+        model: the model (run in ``eval()`` mode, without gradients), with
+            every layer alike: a model with ``layer_types`` is refused
+            (``ValueError``), its layers keep caches of other kinds.
         num_blocks: blocks of the :class:`~attention_lib.PagedKVCache`.
         block_size: tokens per block.
         max_batch_size: the most requests running at once.

@@ -196,3 +196,63 @@ def test_transformers_generate_with_left_padding_equals_one_at_a_time():
             single = hf.generate(input_ids=p[None], attention_mask=torch.ones(1, len(p)), **options)
             assert torch.equal(batched[row, ids.shape[1] :], single[0, len(p) :])
             assert torch.equal(batched[row, ids.shape[1] - len(p) :], single[0])
+
+
+def test_generate_feeds_the_model_what_transformers_feeds_llama():
+    """The same ragged batch through both paths, with the tiny Llama's shape (RoPE,
+    4 heads, 2 KV heads, width 32): at every step our generate() hands CausalLM the
+    token ids, padding mask and positions that transformers' generate hands
+    LlamaForCausalLM (position_ids from the mask, as its generation utils make
+    them), and each path's rows equal its own one-at-a-time tokens."""
+    hf = tiny_llama()
+    c = hf.config
+    torch.manual_seed(4)
+    ours = CausalLM(
+        V,
+        c.hidden_size,
+        c.num_attention_heads,
+        2,
+        64,
+        positional="rope",
+        num_kv_heads=c.num_key_value_heads,
+    ).eval()
+    ps = prompts([3, 9, 6], seed=7)
+    ids, mask = left_pad(ps)
+    seen = {"hf": [], "ours": []}
+
+    def spy(name: str, ids_key: str, mask_key: str, pos_key: str):
+        def hook(module, args, kwargs):
+            tokens = kwargs.get(ids_key, args[0] if args else None)
+            seen[name].append((tokens, kwargs[mask_key], kwargs[pos_key]))
+
+        return hook
+
+    handles = [
+        hf.register_forward_pre_hook(
+            spy("hf", "input_ids", "attention_mask", "position_ids"), with_kwargs=True
+        ),
+        ours.register_forward_pre_hook(
+            spy("ours", "tokens", "mask", "positions"), with_kwargs=True
+        ),
+    ]
+    try:
+        options = {"do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+        with torch.no_grad():
+            theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, **options)
+        mine = generate(ours, ps, 6)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(seen["hf"]) == len(seen["ours"]) == 6
+    for step, ((t_hf, m_hf, p_hf), (t, m, p)) in enumerate(zip(seen["hf"], seen["ours"])):
+        assert t.shape == t_hf.shape and m.shape == m_hf.shape == (3, ids.shape[1] + step)
+        assert torch.equal(m.long(), m_hf.long())  # the same padding mask
+        assert torch.equal(p, p_hf[:, -p.shape[1] :])  # positions from each first token
+        if step == 0:
+            assert torch.equal(t, t_hf)  # the same left-padded prompt
+    for row, p in enumerate(ps):
+        assert torch.equal(mine[row], generate(ours, p[None], 6)[0])
+        single = hf.generate(
+            input_ids=p[None], attention_mask=torch.ones(1, len(p)), max_new_tokens=6, **options
+        )
+        assert torch.equal(theirs[row, ids.shape[1] - len(p) :], single[0])
