@@ -220,3 +220,28 @@ def test_bad_input_is_refused_clearly():
     with pytest.raises(ValueError, match="index_head_dim"):
         MultiHeadLatentAttention(D_MODEL, HEADS, **SIZES, index_topk=2, index_head_dim=2)
     assert isinstance(sparse_layer(True).indexer, LightningIndexer)
+
+
+def test_sparse_attention_reads_k_keys_however_long_the_context(monkeypatch):
+    """The absorbed sparse path hands the attention k gathered keys per query,
+    in the prompt and in every decoding step; dense MLA hands it all T."""
+    import attention_lib.mla as mla_module
+
+    read = []
+    real = mla_module.attend
+
+    def spy(query, key, *args, **kwargs):
+        read.append(key.shape[-2])  # keys each query's scores are computed over
+        return real(query, key, *args, **kwargs)
+
+    monkeypatch.setattr(mla_module, "attend", spy)
+    m = sparse_layer(absorb=True)
+    dense = sparse_layer(absorb=True)
+    dense.indexer = None
+    with torch.no_grad():
+        for layer in (m, dense):
+            cache = LatentKVCache()
+            layer(X, is_causal=True, kv_cache=cache)  # a prompt of L tokens
+            for t in range(3):
+                layer(X[:, t : t + 1], is_causal=True, kv_cache=cache)
+    assert read == [TOPK] * 4 + [L, L + 1, L + 2, L + 3]
