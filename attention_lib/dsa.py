@@ -9,7 +9,8 @@ lets every query attend to only ``k`` of the keys before it. A small, cheap
     I_{s,t} = \\sum_h w_{s,h}\\, \\mathrm{ReLU}(q_{s,h} \\cdot k_t),
 
 and the query keeps the ``k`` keys of highest score. The indexer still looks at
-all ``N`` keys, but with a few narrow heads; the attention itself, the costly
+all ``N`` keys, but with fewer, narrower heads than the attention (64 of width
+128 in DeepSeek-V3.2, against 128 of width 576); the attention itself, the costly
 part, reads ``k`` keys instead of ``N``.
 
 **Ties.** ReLU gives exact zeros, so many keys can share the ``k``-th score and
@@ -141,7 +142,7 @@ def top_k_mask(indices: Tensor, valid: Tensor, k_len: int) -> Tensor:
 
 
 class LightningIndexer(nn.Module):
-    """DeepSeek-V3.2's lightning indexer: a few narrow ReLU heads score every key.
+    """DeepSeek-V3.2's lightning indexer: cheap ReLU heads and one shared key score every key.
 
     Its queries come from the attention's query latent (or from ``x`` when
     the attention has no query compression), its single key per token from
