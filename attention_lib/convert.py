@@ -9,7 +9,9 @@ applies), never from its class name, so that a layer of a family not tested
 here is either reproduced or refused for the right reason.
 
 Explained in chapter 6, *Multi-head attention* (``nn.MultiheadAttention``) and
-chapter 9, *Attention in today's LLMs* (🤗 transformers' ``LlamaAttention``).
+chapter 9, *Attention in today's LLMs* (🤗 transformers' ``LlamaAttention``);
+scaled RoPE and the per-layer patterns of long-context models
+(:func:`~attention_lib.layer_options_from_hf`) in chapter 14, *Long contexts*.
 """
 
 from __future__ import annotations
@@ -179,9 +181,9 @@ def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttent
     ``attn_logit_softcapping``), a rotation other than rotate-half or
     interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
     frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 14;
-    ``"dynamic"``, whose speeds depend on the length of each call
-    and on the lengths the model saw before, is refused, as are
-    ``partial_rotary_factor`` and other ``rope_type`` s), a bias in some projections only (Qwen2), a
+    ``"dynamic"``, whose speeds depend on the length of each call and on the
+    lengths the model saw before, is refused, as are ``partial_rotary_factor``
+    and any other ``rope_type``), a bias in some projections only (Qwen2), a
     head width other than ``hidden_size // num_attention_heads``, and
     bidirectional attention (``is_causal=False``).
 
