@@ -48,6 +48,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .masks import Causal, causal_mask
+from .memory import TensorMemory
 from .tiled import OnlineSoftmaxState, online_softmax_update, tiled_core
 from .validation import check_attention_args, check_choice, check_instance, check_int, check_real
 
@@ -675,7 +676,9 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
     For each case, this rank takes its shard of the inputs, runs the forward
     and backward pass, and returns its shards of the output and of the
     gradients (on the CPU), with its :class:`CommStats` of the forward and the
-    backward pass and, if ``case.repeats``, the mean wall time of a forward +
+    backward pass, the peak bytes of every tensor the forward pass allocated
+    (``peak_bytes``, chapter 10's :class:`~attention_lib.TensorMemory`) and, if
+    ``case.repeats``, the mean wall time of a forward +
     backward pass (between barriers, so the slowest rank's time). A case whose
     shards are refused gives ``{"error": message}`` and the group goes on.
 
@@ -701,7 +704,8 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
         q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
         stats = CommStats()
         try:
-            out = attention(q, k, v, is_causal=case.is_causal, stats=stats, **kwargs)
+            with TensorMemory() as memory:  # everything the forward pass allocates
+                out = attention(q, k, v, is_causal=case.is_causal, stats=stats, **kwargs)
         except (TypeError, ValueError) as error:
             results.append({"error": f"{type(error).__name__}: {error}"})
             continue
@@ -709,7 +713,7 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
         grads = torch.autograd.grad(out, (q, k, v), g)
         result = {"out": out.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
         result = {name: t.cpu() for name, t in result.items()}
-        result.update(forward=forward, total=stats, seconds=None)
+        result.update(forward=forward, total=stats, peak_bytes=memory.peak, seconds=None)
         if case.repeats:
             dist.barrier(group=groups[size])
             start = time.perf_counter()

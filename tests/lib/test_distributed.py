@@ -11,6 +11,7 @@ the shards, derived here independently of the library.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import shutil
 import subprocess
@@ -174,6 +175,22 @@ def test_peak_kv_memory_per_rank_falls_as_one_over_p(runs):
     # gathering first holds the whole sequence's K and V on every rank, whatever P
     full = 2 * 2 * s2
     assert peak("allgather", 2)[0] == peak("allgather", 4)[0] == {full}
+
+
+def test_measured_peak_memory_of_the_ring_falls_with_p_and_gathering_first_does_not(runs):
+    # Chapter 10's TensorMemory sees every tensor the forward pass allocates, not
+    # only the K/V blocks that CommStats counts.
+    def peak(method, layout, p):
+        (case,) = [c for c in CASES if (c.method, c.layout, c.world_size) == (method, layout, p)
+                   and c.is_causal and c.dtype == torch.float64 and c.shape == SHAPE]  # fmt: skip
+        return max(r["peak_bytes"] for r in _ranks(runs[case]))
+
+    whole_kv = 2 * math.prod(SHAPE) * 8  # the whole sequence's K and V, float64
+    for layout in ("contiguous", "zigzag"):
+        assert peak("ring", layout, 4) < 0.65 * peak("ring", layout, 2)
+    for p in (2, 4):
+        assert peak("allgather", "contiguous", p) >= whole_kv
+    assert peak("allgather", "contiguous", 4) > 1.5 * peak("ring", "contiguous", 4)
 
 
 def test_blocks_computed_per_rank(runs):
