@@ -67,8 +67,20 @@ class Problem:
         return f"{self.catalog}: {self.what}: {short!r}"
 
 
+# Catalogs of the themes' labels (book/_ext/afs_site.py), not of a page: ``update`` leaves
+# them alone, ``check`` checks them like the pages' catalogs.
+THEME_CATALOGS = ("sphinx", "booktheme")
+
+
 def catalog_paths(language: str = "zh_CN") -> list[Path]:
-    return sorted((LOCALE / language / "LC_MESSAGES").rglob("*.po"))
+    """The pages' catalogs."""
+    found = (LOCALE / language / "LC_MESSAGES").rglob("*.po")
+    return sorted(p for p in found if docname(p, language) not in THEME_CATALOGS)
+
+
+def theme_catalog_paths(language: str = "zh_CN") -> list[Path]:
+    folder = LOCALE / language / "LC_MESSAGES"
+    return [folder / f"{n}.po" for n in THEME_CATALOGS if (folder / f"{n}.po").exists()]
 
 
 def docname(path: Path, language: str = "zh_CN") -> str:
@@ -323,7 +335,7 @@ def check(names: list[str]) -> int:
     problems = [
         p
         for language in LANGUAGES
-        for path in catalog_paths(language)
+        for path in catalog_paths(language) + theme_catalog_paths(language)
         if not names or docname(path, language) in names
         for p in catalog_problems(path, language)
     ]

@@ -95,24 +95,17 @@ SITE_TEXT_ZH = {
 }
 
 
-# The theme's and myst-nb's own labels that their catalogs leave in English: the Chinese
-# edition shows them in Chinese (button tooltips, screen-reader labels, cell toggles).
+# The themes' own labels that their zh_CN catalogs leave in English are translated by the
+# Chinese edition's catalogs for them (issue 29, item 11): locale/zh_CN/LC_MESSAGES/sphinx.po
+# for the templates' strings (Sphinx compiles it and puts it before the themes' catalogs;
+# book/_templates adds ``_()`` where sphinx-book-theme wrote a label in English only) and
+# booktheme.po for sphinx-book-theme's header buttons (compiled and added below, after the
+# theme's own catalog, which it completes). What no catalog reaches is left to the table
+# below, applied to the built pages: myst-nb writes its cell toggles' labels into the page
+# in English ("Show code cell {type}" with an English {type}, and a fixed aria-label), and
+# sphinx-book-theme the print-only contents' aria-label in its layout.html.
 CHROME_ZH = {
-    "Toggle primary sidebar": "切换章节目录",
-    "Toggle secondary sidebar": "切换本页目录",
-    "Suggest edit": "建议修改",
-    "Open issue": "提交问题",
-    "Repository": "代码仓库",
-    "Source repositories": "代码仓库",
-    "Color mode": "颜色模式",
-    "System Settings": "跟随系统",
-    "Main": "主导航",
     "Page": "本页目录",
-    "Launch interactive content": "启动交互式环境",
-    "Launch on Binder": "在 Binder 上运行",
-    "Launch on Colab": "在 Colab 上运行",
-    "Binder logo": "Binder 标志",
-    "Colab logo": "Colab 标志",
     "Toggle hidden content": "显示或隐藏折叠的内容",
     "Show code cell source": "显示代码",
     "Hide code cell source": "隐藏代码",
@@ -164,13 +157,35 @@ def _translate_chrome(app: Any, exception: Exception | None) -> None:
         return
     if app.builder.format != "html":
         return
-    year = app.config.copyright  # the footer's "© Copyright 2026."
-    table = {**CHROME_ZH, f"© Copyright {year}.": f"© 版权所有 {year}。"}
     for path in Path(app.outdir).rglob("*.html"):
         html = path.read_text(encoding="utf-8")
-        new = translate_chrome(html, table)
+        new = translate_chrome(html, CHROME_ZH)
         if new != html:
             path.write_text(new, encoding="utf-8")
+
+
+#: The catalog of sphinx-book-theme's header buttons, in the book's locale_dirs.
+BOOKTHEME_CATALOG = "booktheme"
+
+
+def _theme_catalogs(app: Any) -> None:
+    """Compile the edition's catalog of sphinx-book-theme's labels and add it after the
+    theme's own (Sphinx compiles only its ``sphinx`` domain from locale_dirs by itself)."""
+    if (app.config.language or "en") == "en":
+        return
+    from babel.messages.mofile import write_mo
+    from babel.messages.pofile import read_po
+
+    for folder in app.config.locale_dirs:
+        locale_dir = Path(app.srcdir, folder)
+        po = locale_dir / app.config.language / "LC_MESSAGES" / f"{BOOKTHEME_CATALOG}.po"
+        if not po.exists():
+            continue
+        with po.open("rb") as f:
+            catalog = read_po(f)
+        with po.with_suffix(".mo").open("wb") as f:
+            write_mo(f, catalog)
+        app.add_message_catalog(BOOKTHEME_CATALOG, str(locale_dir))
 
 
 def _translate_site_text(app: Any, config: Any) -> None:
@@ -343,7 +358,24 @@ class TranslateTocCaptions(SphinxTransform):
             toctree["caption"] = catalog.gettext(toctree["caption"])
 
 
+def _visit_citation(self: Any, node: nodes.citation) -> None:
+    """A bibliography entry as a ``listitem`` of its ``list`` (issue 29, item 8).
+
+    docutils marks each entry ``role="doc-biblioentry"``, a role ARIA 1.2 deprecates; inside
+    the ``role="list"`` that docutils wraps the entries in, axe-core then finds no list
+    items (a critical violation). Same markup otherwise (docutils' ``visit_citation``).
+    """
+    if not isinstance(node.previous_sibling(), type(node)):
+        self.body.append('<div role="list" class="citation-list">\n')
+    self.body.append(self.starttag(node, "div", classes=[node.tagname], role="listitem"))
+
+
 def setup(app: Any) -> dict[str, Any]:
+    from docutils.writers._html_base import HTMLTranslator
+
+    app.add_node(
+        nodes.citation, override=True, html=(_visit_citation, HTMLTranslator.depart_citation)
+    )
     app.add_transform(KeepDocstringsUntranslated)
     app.add_transform(TranslateTocCaptions)
     app.add_transform(KeepNumbersWithUnits)
@@ -351,6 +383,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("html-page-context", _language_links)
     app.connect("html-page-context", _translate_figure_alts)
     app.connect("config-inited", _translate_site_text)
+    app.connect("builder-inited", _theme_catalogs)
     app.connect("build-finished", _translate_chrome)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's
     app.connect("html-page-context", _lazy_figures, priority=900)

@@ -176,16 +176,22 @@ document.addEventListener("DOMContentLoaded", () => {
 // snippet from the text of the page's main block (Search.htmlToText, which drops only the
 // headings' "#" links): the table of contents of the intro, code, outputs and the TeX
 // source of every formula came out as text. They are dropped first; an inline formula
-// keeps a plain reading of its TeX ("d_k", "1/sqrt d_k").
+// keeps a plain reading of its TeX ("d_k", "1/sqrt d_k"); runs of white space become one.
 document.addEventListener("DOMContentLoaded", () => {
-  const search = window.Search;
+  // searchtools.js declares `const Search`: a global binding, not a property of window
+  const search = typeof Search === "undefined" ? null : Search;  // eslint-disable-line no-undef
   if (!search || typeof search.htmlToText !== "function") return;
   const original = search.htmlToText;
-  const plain = (tex) => tex.replace(/^\\\(|\\\)$/g, "").replace(/\\([A-Za-z]+)/g, "$1 ")
-    .replace(/[{}]|\\[,;!]/g, "").replace(/\s+/g, " ").trim();
+  const symbols = { top: "ᵀ", cdot: "·", times: "×", sqrt: "√", infty: "∞", le: "≤", ge: "≥",
+    ell: "ℓ", in: "∈", sum: "∑", to: "→", alpha: "α", beta: "β", theta: "θ", omega: "ω",
+    sigma: "σ", tau: "τ", lambda: "λ", mu: "μ", pi: "π", delta: "δ" };
+  const plain = (tex) => tex.replace(/^\\\(|\\\)$/g, "")
+    .replace(/\\(text|mathrm|operatorname|mathbf|mathit|left|right|big|Big)\b/g, "")
+    .replace(/\\([A-Za-z]+)/g, (m, name) => symbols[name] ?? `${name} `)
+    .replace(/[{}]|\\[,;!]/g, "").replace(/\^ᵀ/g, "ᵀ").replace(/\s+/g, " ").trim();
   search.htmlToText = (htmlString, anchor) => {
     const doc = new DOMParser().parseFromString(htmlString, "text/html");
-    doc.querySelectorAll(["nav", ".bd-header-article", ".bd-sidebar-secondary", ".page-toc",
+    doc.querySelectorAll(["nav", "#jb-print-toc", ".bd-header-article", ".bd-sidebar-secondary", ".page-toc",
       ".prev-next-area", ".bd-footer-article", ".toctree-wrapper", "div.math", ".cell_input",
       ".cell_output",
       "div.highlight", "pre", "table", "figure", ".footnote", ".citation"].join(", "))
@@ -193,6 +199,6 @@ document.addEventListener("DOMContentLoaded", () => {
     doc.querySelectorAll("span.math").forEach((m) => {
       m.textContent = plain(m.textContent);
     });
-    return original(doc.documentElement.outerHTML, anchor);
+    return original(doc.documentElement.outerHTML, anchor).replace(/\s+/g, " ");
   };
 });

@@ -84,11 +84,21 @@ def translated(docname: str, english: str) -> str:
 def ui_label(english: str) -> str:
     """A label of the site's chrome (a button's title, say) as this edition shows it.
 
-    The Chinese edition takes it from book/_ext/afs_site.py's table, else from the theme's
-    own zh_CN catalog.
+    The Chinese edition takes it from its catalogs of the themes' labels
+    (locale/zh_CN/LC_MESSAGES/sphinx.po and booktheme.po), else from book/_ext/afs_site.py's
+    table of what no catalog reaches, else from the theme's own zh_CN catalog.
     """
     if EDITION == "en":
         return english
+    from babel.messages.pofile import read_po
+
+    for name in ("sphinx", "booktheme"):
+        po = BOOK_DIR / "locale" / "zh_CN" / "LC_MESSAGES" / f"{name}.po"
+        if po.exists():
+            with po.open("rb") as f:
+                message = read_po(f).get(english)
+            if message is not None and message.string:
+                return message.string
     sys.path.insert(0, str(ROOT / "book" / "_ext"))
     from afs_site import CHROME_ZH
 

@@ -138,3 +138,32 @@ def test_the_split_pages_exist() -> None:
     assert len(SPLIT_EQUATIONS) == 3, SPLIT_EQUATIONS
     assert all(built_html(p) for p in SPLIT_EQUATIONS)
     assert NOTEBOOK_PAGES
+
+
+# Item 5: the search page's snippets are prose, and its magnifier leaves the query alone.
+SEARCH_JS = """() => {
+    const input = document.querySelector('.bd-search-container input[name="q"]');
+    const icon = input && input.closest('form').querySelector('.fa-magnifying-glass');
+    const text = input ? input.getBoundingClientRect().left
+        + parseFloat(getComputedStyle(input).paddingLeft) : null;
+    return {snippets: [...document.querySelectorAll('#search-results p.context')]
+                .map(p => p.textContent.trim()),
+            icon_right: icon ? icon.getBoundingClientRect().right : null, text_left: text};
+}"""
+
+
+@pytest.mark.parametrize("where", ["desktop", "phone"])
+def test_search_shows_prose_snippets_and_the_query_uncovered(
+    tab_at, base_url: str, where: str
+) -> None:
+    tab = tab_at(base_url, SCREENS[where])
+    tab.page.goto(f"{base_url}search.html?q=softmax", wait_until="load")
+    tab.page.wait_for_selector("#search-results p.context")
+    tab.page.wait_for_timeout(500)  # the remaining results' snippets
+    found = tab.page.evaluate(SEARCH_JS)
+    assert len(found["snippets"]) >= 3, found
+    raw = [s[:80] for s in found["snippets"] if re.search(r"\\[(a-zA-Z]|\$", s)]
+    assert not raw, f"search snippets with TeX source: {raw}"
+    toc = [s[:80] for s in found["snippets"] if re.search(r"\b(Contents|See also Summary)\b", s)]
+    assert not toc, f"search snippets with a table of contents: {toc}"
+    assert found["icon_right"] is not None and found["icon_right"] <= found["text_left"], found
