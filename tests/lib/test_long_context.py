@@ -180,6 +180,16 @@ def test_need_weights_through_caches_of_different_spans_is_refused() -> None:
         model(tokens[:, :1], cache=cache, need_weights=True)
 
 
+def test_each_attention_type_takes_only_its_own_span() -> None:
+    # the cache parity above cannot see this: a full layer given the window would
+    # mask its full pass and its cached pass alike
+    model = CausalLM(
+        11, 16, 2, 3, layer_types=["full", "sliding", "chunked"], window=3, chunk_size=4
+    )
+    spans = [(layer.self_attn.window, layer.self_attn.chunk_size) for layer in model.blocks.layers]
+    assert spans == [(None, None), (3, None), (None, 4)]
+
+
 def test_layer_types_none_keeps_every_layer_alike() -> None:
     model = CausalLM(11, 16, 2, 3, window=4)
     assert [layer.self_attn.window for layer in model.blocks.layers] == [4, 4, 4]
