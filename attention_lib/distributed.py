@@ -454,7 +454,7 @@ def ring_attention(
     ``r - t (mod P)``: it sends that block on to rank ``r + 1`` (with
     ``batch_isend_irecv``, overlapping the transfer with its compute), scores
     its queries against the block, and folds the block into its running
-    online-softmax state (:func:`~attention_lib.online_softmax_update`,
+    online-softmax state (:func:`~attention_lib.tiled.online_softmax_update`,
     chapter 10), whose ``m + log l`` is the running log-sum-exp of every query
     row. After ``P`` steps the output equals attention over the whole
     sequence. Each rank holds at most two K/V blocks, so the K/V memory is
@@ -677,7 +677,7 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
     and backward pass, and returns its shards of the output and of the
     gradients (on the CPU), with its :class:`CommStats` of the forward and the
     backward pass, the peak bytes of every tensor the forward pass allocated
-    (``peak_bytes``, chapter 10's :class:`~attention_lib.TensorMemory`) and, if
+    (``peak_bytes``, chapter 10's :class:`~attention_lib.memory.TensorMemory`) and, if
     ``case.repeats``, the mean wall time of a forward +
     backward pass (between barriers, so the slowest rank's time). A case whose
     shards are refused gives ``{"error": message}`` and the group goes on.
