@@ -119,6 +119,10 @@ class CausalLM(nn.Module):
         check_choice("positional", positional, DECODER_POSITIONAL_KINDS)
         self.window = None if window is None else check_int("window", window, minimum=1)
         self.layer_types = None if layer_types is None else tuple(layer_types)
+        # chunked attention in some layer: a fact of the layer types, not of attributes
+        self._chunked = (
+            chunk_size is not None if layer_types is None else "chunked" in self.layer_types
+        )
         if layer_types is not None:  # per-layer spans: each layer's cache is its own
             self.window = None
             spans = {"sliding": window, "chunked": chunk_size}
@@ -208,7 +212,7 @@ class CausalLM(nn.Module):
         if mask is not None:  # padding: (B, P + L) -> the stored and new keys (B, 1, 1, T + L)
             if cache is not None and (cache.sink_tokens is not None or self.layer_types):
                 raise ValueError("a padding mask needs a cache alike in every layer, no sinks")
-            if any(getattr(block.self_attn, "chunk_size", None) for block in self.blocks.layers):
+            if self._chunked:
                 # transformers counts a padded row's chunks from its first real token
                 raise ValueError("chunked layers take no padding mask (chunks would shift)")
             keep = check_mask(mask, (tokens.shape[0], past + length), device=tokens.device)

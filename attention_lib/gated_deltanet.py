@@ -106,7 +106,7 @@ class GatedDeltaNet(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.d_model, self.delta_chunk_size = d_model, chunk_size  # checked by nn.Linear, the rule
+        self.d_model, self.chunk_size = d_model, chunk_size  # checked by nn.Linear, the rule
         self.head_dim = check_int("head_dim", head_dim or d_model // num_heads, minimum=1)
         width = num_heads * self.head_dim
         self.W_q, self.W_k, self.W_v, self.W_z = (
@@ -187,7 +187,7 @@ class GatedDeltaNet(nn.Module):
             v,
             g.transpose(1, 2),
             beta,
-            chunk_size=None if L == 1 else self.delta_chunk_size,
+            chunk_size=None if L == 1 else self.chunk_size,
             initial_state=None if cache is None else cache.state,
             output_final_state=True,
         )  # (B, H, L, d), (B, H, d, d)

@@ -83,3 +83,19 @@ def test_what_a_linear_layer_cannot_do_is_refused() -> None:
     model(["full"] * 4)(tokens, cache=full_cache)  # a cache of another model's layers
     with pytest.raises(ValueError, match="layer_types"):
         lm(tokens[:, :1], cache=full_cache)
+
+
+def test_chunked_attention_is_decided_by_the_layer_types() -> None:
+    # A linear layer has a chunk of its own (the delta rule's), which is not
+    # chunked attention: the padding mask is refused by the layer ("no mask"),
+    # not as chunked attention; a model without layer_types and with chunk_size
+    # has chunked attention in every layer.
+    tokens, mask = torch.randint(0, 13, (2, 5)), torch.ones(2, 5, dtype=torch.bool)
+    lm = model(["linear", "full"], chunk_size=4)  # no 'chunked' layer: span unused
+    assert lm.blocks.layers[0].self_attn.chunk_size == 64
+    with pytest.raises(ValueError, match="no mask"):
+        lm(tokens, mask=mask)
+    torch.manual_seed(0)
+    everywhere = CausalLM(13, 32, 2, 2, max_len=64, chunk_size=4).eval()
+    with pytest.raises(ValueError, match="chunked layers"):
+        everywhere(tokens, mask=mask)
