@@ -97,13 +97,11 @@ class PagedKVCache:
         heads, head width, dtype and device.
 
         Raises:
-            ValueError: for a model with ``layer_types`` (sliding, chunked or
+            ValueError: for a model with ``layer_types`` (its sliding, chunked or
                 linear layers keep caches of their own kinds, not blocks).
         """
         if getattr(model, "layer_types", None) is not None:
-            raise ValueError(
-                f"a paged cache needs layers alike, got layer_types={model.layer_types}"
-            )
+            raise ValueError(f"needs layers alike, got layer_types={model.layer_types}")
         attention = model.blocks.layers[0].self_attn
         weight = attention.W_k.weight
         return cls(

@@ -113,9 +113,23 @@ class Engine:
         self.preemptions = 0
 
     def submit(self, request: Request) -> None:
-        """Queue ``request`` (in arrival order)."""
+        """Queue ``request`` (in arrival order).
+
+        Raises:
+            TypeError: if ``request`` is not a :class:`Request` or a field has the wrong type.
+            ValueError: on an empty prompt or ids outside the vocabulary, ``max_new_tokens < 1``,
+                a negative ``eos_token_id`` or ``arrival``, or a request too long for the
+                model's ``max_len`` or the whole pool.
+        """
         check_instance("request", request, Request, "a Request")
-        check_token_ids(request.prompt[None], self.model.vocab_size, name="request.prompt[None]")
+        prompt = request.prompt
+        check_instance("request.prompt", prompt, Tensor, "a 1-D torch.Tensor of token ids")
+        if prompt.dim() != 1 or not len(prompt):
+            raise ValueError(f"request.prompt must be 1-D, not empty: {tuple(prompt.shape)}")
+        check_token_ids(prompt[None], self.model.vocab_size, name="request.prompt[None]")
+        if request.eos_token_id is not None:  # a float would never match: never stop
+            check_int("eos_token_id", request.eos_token_id, minimum=0)
+        check_int("arrival", request.arrival, minimum=0)
         total = len(request.prompt) + check_int("max_new_tokens", request.max_new_tokens, minimum=1)
         if total > self.model.max_len or -(-total // self.cache.block_size) > self.cache.num_blocks:
             raise ValueError(f"a request of {total} tokens cannot fit the model or the pool")

@@ -88,6 +88,15 @@ def test_clear_errors(lm):
         engine.submit(Request(torch.tensor([1, 2, 3]), 8))  # 11 tokens > 4 blocks of 2
     with pytest.raises(ValueError, match="vocab_size"):
         engine.submit(Request(torch.tensor([V]), 2))
+    with pytest.raises(ValueError, match="not empty"):
+        engine.submit(Request(torch.tensor([], dtype=torch.long), 2))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        engine.submit(Request([1, 2], 2))
+    with pytest.raises(TypeError, match="eos_token_id"):  # would never match: never stop
+        engine.submit(Request(torch.tensor([1, 2]), 2, eos_token_id=1.0))
+    with pytest.raises(ValueError, match="arrival"):
+        engine.submit(Request(torch.tensor([1, 2]), 2, arrival=-1))
+    assert not engine.waiting  # nothing refused was queued
     with pytest.raises(ValueError, match="policy"):
         Engine(lm, 4, 2, policy="fifo")
     with pytest.raises(TypeError, match="CausalLM"):
