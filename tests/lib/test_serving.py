@@ -59,6 +59,19 @@ def test_random_mixes_keep_every_request_s_tokens_and_free_every_block(lm):
     assert preempted > 0  # the tight pools did run out of blocks
 
 
+def test_a_sliding_window_model_is_served_exactly():
+    """The paged batch keeps every key; the model's window mask (counted in key
+    columns, which are contiguous per row after the left padding) hides the old
+    ones, as generate()'s rolling cache drops them."""
+    torch.manual_seed(7)
+    lm = CausalLM(V, 32, 4, 2, 40, positional="rope", num_kv_heads=2, window=4).eval()
+    requests = random_requests(random.Random(3), 7, eos=None)
+    engine = Engine(lm, 12, 4, 3)
+    for r, out in zip(requests, engine.run(requests)):
+        assert torch.equal(out, alone(lm, r))
+    assert engine.cache.num_free_blocks == 12
+
+
 def test_continuous_batching_takes_fewer_steps_than_static(lm):
     rng = random.Random(11)
     requests = [
