@@ -34,10 +34,13 @@ class MultiHeadAttention(nn.Module):
 
     .. math::
 
-        \mathrm{head}_i &= \mathrm{Attention}(Q W_q^{(i)}, K W_k^{(i)}, V W_v^{(i)}),
+        \mathrm{head}_i &= \mathrm{Attention}(Q W_q^{(i)}, K W_k^{(i)},
 
-        \mathrm{MHA}(Q, K, V) &= \mathrm{concat}(\mathrm{head}_1, \dots,
-        \mathrm{head}_H)\, W_o
+        &\qquad V W_v^{(i)}),
+
+        \mathrm{MHA}(Q, K, V) &= \mathrm{concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)
+
+        &\qquad W_o
 
     Each ``nn.Linear(d_model, d_model)`` projection is cut into ``num_heads``
     slices of width ``d_k = d_model // num_heads`` (a ``view`` + ``transpose``,
