@@ -486,7 +486,10 @@ def ring_attention(
         query: this rank's ``(B, H, N/P, D)`` shard of the queries.
         key: this rank's ``(B, H, N/P, D)`` shard of the keys.
         value: this rank's ``(B, H, N/P, D_v)`` shard of the values.
-        is_causal: causal attention over the whole sequence.
+        is_causal: causal attention over the whole sequence: the query at
+            position ``i`` of the merged sequence attends to the keys at
+            positions ``<= i`` (``F.scaled_dot_product_attention``'s
+            ``is_causal``), whichever ranks hold them, in either layout.
         group: the process group (default: the default group).
         layout: how the shards were cut: ``"contiguous"`` (rank ``r`` holds
             positions ``r N/P .. (r + 1) N/P - 1``) or ``"zigzag"``
@@ -553,7 +556,8 @@ def ulysses_attention(
             (contiguous layout).
         key: this rank's ``(B, H, N/P, D)`` shard of the keys.
         value: this rank's ``(B, H, N/P, D_v)`` shard of the values.
-        is_causal: causal attention over the whole sequence.
+        is_causal: causal attention over the whole sequence, as in
+            :func:`ring_attention`.
         group: the process group (default: the default group).
         scale: multiplier of the scores; defaults to ``1 / sqrt(D)``.
         stats: a :class:`CommStats` that counts the bytes this rank sends;
