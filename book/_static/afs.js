@@ -32,8 +32,10 @@ document.addEventListener("DOMContentLoaded", () => {
   const words = zh ? { open: "放大", close: "缩小", label: "以原始大小查看此图" }
     : { open: "Enlarge", close: "Fit", label: "Show this figure at full size" };
   // One cue per box: a static figure's <figure>, or a slider's frames (one shown at a time).
+  // Sphinx wraps a figure with a given size in a link to its file: a tap zooms instead.
+  const boxOf = (img) => img.closest("a.image-reference")?.parentElement ?? img.parentElement;
   const mark = (box) => {
-    const imgs = [...box.querySelectorAll(":scope > img")];
+    const imgs = [...box.querySelectorAll(":scope > img, :scope > a.image-reference > img")];
     const shown = () => imgs.find((i) => i.getBoundingClientRect().width > 0) || imgs[0];
     const full = (img) => parseFloat(img.style.width) || +img.getAttribute("width")
       || img.naturalWidth;
@@ -58,8 +60,9 @@ document.addEventListener("DOMContentLoaded", () => {
       cue.textContent = zoomed ? `⤡ ${words.close}` : `⤢ ${words.open}`;
       cue.setAttribute("aria-pressed", String(zoomed));
     };
-    const toggle = () => {
+    const toggle = (event) => {
       if (!shown().classList.contains("afs-zoomable")) return;
+      event.preventDefault();  // not the image-reference link to the file
       box.classList.toggle("afs-zoomed");
       update();
     };
@@ -73,7 +76,7 @@ document.addEventListener("DOMContentLoaded", () => {
     cue.addEventListener("click", toggle);
   };
   const boxes = new Set();
-  document.querySelectorAll(".bd-article .cell_output img").forEach((i) => boxes.add(i.parentElement));
+  document.querySelectorAll(".bd-article .cell_output img").forEach((i) => boxes.add(boxOf(i)));
   boxes.forEach(mark);
 });
 

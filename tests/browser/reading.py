@@ -63,7 +63,8 @@ SHOWN_FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output 
     .map(i => {
         const ex = i.closest('.afs-explorer');
         // the button that opens a shrunk figure at full size (afs.js), if shown
-        const cue = i.parentElement.querySelector(':scope > button.afs-zoom-cue');
+        const holder = i.closest('a.image-reference')?.parentElement ?? i.parentElement;
+        const cue = holder.querySelector(':scope > button.afs-zoom-cue');
         const box = cue && !cue.hidden ? cue.getBoundingClientRect() : null;
         return {src: i.currentSrc || i.src, natural: i.naturalWidth,
                 shown: i.getBoundingClientRect().width, alt: i.alt,
