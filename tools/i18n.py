@@ -177,7 +177,11 @@ def stale_problems(pot_dir: Path, language: str = "zh_CN") -> list[Problem]:
     """Messages of the English text (``.pot`` files) missing from the catalogs, and back."""
     found = []
     po_dir = LOCALE / language / "LC_MESSAGES"
-    pots = {p.relative_to(pot_dir).with_suffix("").as_posix(): p for p in pot_dir.rglob("*.pot")}
+    pots = {
+        name: p
+        for p in pot_dir.rglob("*.pot")
+        if (name := p.relative_to(pot_dir).with_suffix("").as_posix()) not in THEME_CATALOGS
+    }
     pos = {docname(p, language): p for p in catalog_paths(language)}
     for name in sorted(set(pots) | set(pos)):
         if name not in pos:
@@ -287,8 +291,10 @@ def update() -> None:
     for language in LANGUAGES:
         po_dir = LOCALE / language / "LC_MESSAGES"
         for pot in sorted(POT_DIR.rglob("*.pot")):
-            po = po_dir / pot.relative_to(POT_DIR).with_suffix(".po")
-            print(update_catalog(pot, po, language))
+            name = pot.relative_to(POT_DIR).with_suffix("")
+            if name.as_posix() in THEME_CATALOGS:  # the gettext builder's sphinx.pot holds
+                continue  # the strings of book/_templates only: the theme catalog is ours
+            print(update_catalog(pot, po_dir / name.with_suffix(".po"), language))
 
 
 # What a translated page must show as often as its English page (counted in the built HTML).
