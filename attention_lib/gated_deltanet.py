@@ -85,8 +85,9 @@ class GatedDeltaNet(nn.Module):
             ``d_model // num_heads``.
         conv_size: taps of the causal depthwise convolution over ``q, k, v``
             (Qwen3-Next: 4), followed by SiLU; ``None`` leaves out both.
-        chunk_size: tokens per chunk of the chunked form, used for more than
-            one new token (one new token uses the recurrent step).
+        chunk_size: tokens per chunk of the delta rule's chunked form, used
+            for more than one new token (one new token uses the recurrent
+            step); not chunked attention: every token sees all before it.
         eps: epsilon of the output RMSNorm.
 
     Shapes:
@@ -106,7 +107,8 @@ class GatedDeltaNet(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.d_model, self.chunk_size = d_model, chunk_size  # checked by nn.Linear, the rule
+        self.d_model = d_model  # checked by nn.Linear
+        self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
         self.head_dim = check_int("head_dim", head_dim or d_model // num_heads, minimum=1)
         width = num_heads * self.head_dim
         self.W_q, self.W_k, self.W_v, self.W_z = (

@@ -252,3 +252,11 @@ def test_the_layer_refuses_a_foreign_cache() -> None:
         with pytest.raises(ValueError, match="causally with itself"):
             layer(x, **bad)
     assert layer(x, x, x, is_causal=True, positions=torch.arange(3)).shape == x.shape
+
+
+def test_the_layer_refuses_a_bad_chunk_when_built() -> None:
+    for bad in (0, -4):
+        with pytest.raises(ValueError, match="chunk_size"):
+            GatedDeltaNet(32, 4, chunk_size=bad)
+    with pytest.raises(TypeError, match="chunk_size"):
+        GatedDeltaNet(32, 4, chunk_size=2.5)
