@@ -109,8 +109,13 @@ class MultiHeadLatentAttention(nn.Module):
 
     .. math::
 
-        c = \mathrm{RMSNorm}(x W_{DKV}^{c}),\quad k^R = \mathrm{RoPE}(x W_{DKV}^{R}),\quad
-        [k^C_h; v_h] = c\, W_{UKV}^{(h)},\quad k_h = [k^C_h; k^R],
+        c &= \mathrm{RMSNorm}(x W_{DKV}^{c}),
+
+        k^R &= \mathrm{RoPE}(x W_{DKV}^{R}),
+
+        [k^C_h; v_h] &= c\, W_{UKV}^{(h)},
+
+        k_h &= [k^C_h; k^R],
 
     queries ``q_h = [q^C_h; \mathrm{RoPE}(q^R_h)]`` from ``x W_Q`` (or, with
     ``q_lora_rank``, from ``\mathrm{RMSNorm}(x W_{DQ}) W_{UQ}``), and
