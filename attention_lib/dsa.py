@@ -15,7 +15,7 @@ part, reads ``k`` keys instead of ``N``.
 
 **Ties.** ReLU gives exact zeros, so many keys can share the ``k``-th score and
 "the top ``k``" is not unique (``torch.topk`` then picks arbitrarily, and a
-cached decode step may pick differently from a full pass). :func:`top_k_keys`
+cached decode step may pick differently from a full pass). :func:`~attention_lib.top_k_keys`
 breaks every tie in favour of the **earlier key** (a stable sort), so the same
 scores always select the same keys.
 
@@ -125,13 +125,13 @@ def top_k_keys(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def select_top_k(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """:func:`top_k_keys` without the checks."""
+    """:func:`~attention_lib.top_k_keys` without the checks."""
     order = scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]  # (..., Lq, k)
     return order, scores.gather(-1, order) > float("-inf")
 
 
 def top_k_mask(indices: Tensor, valid: Tensor, k_len: int) -> Tensor:
-    """The keep-mask ``(..., Lq, k_len)`` of the keys :func:`top_k_keys` chose
+    """The keep-mask ``(..., Lq, k_len)`` of the keys :func:`~attention_lib.top_k_keys` chose
     (``True`` at the valid chosen keys): sparse attention written as dense
     attention with a mask.
 

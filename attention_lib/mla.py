@@ -68,7 +68,7 @@ class LatentKVCache:
 
     @property
     def numbers_per_token(self) -> int:
-        """How many numbers the cache holds per token: ``kv_lora_rank +
+        """The count of numbers the cache holds per token, ``kv_lora_rank +
         qk_rope_head_dim`` (plus ``d_I`` with DSA)."""
         held = [t for t in (self.latent, self.rope_key, self.index_key) if t is not None]
         return sum(t.shape[-1] for t in held)
@@ -93,7 +93,8 @@ class LatentKVCache:
         self, latent: Tensor, rope_key: Tensor, index_key: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Append the new positions (each ``(B, L_new, width)``) and return all of
-        them so far, cached first. No checks (see :meth:`check_fits`)."""
+        them so far, cached first. No checks: :meth:`MultiHeadLatentAttention.forward`
+        compares the new tensors with :meth:`layout` first."""
         new = (latent, rope_key, index_key)
         if self.latent is not None:
             old = (self.latent, self.rope_key, self.index_key)
@@ -282,7 +283,7 @@ class MultiHeadLatentAttention(nn.Module):
         """Self-attention of the tokens ``x (B, L, d_model)``, after the cached ones.
 
         Validates, prepares the keep-mask, the causal alignment and the RoPE
-        positions, and passes them down to :meth:`attend` (which checks
+        positions, and passes them down to ``attend`` (which checks
         nothing).
 
         Explained in chapter 15, *Latent and sparse attention*.
