@@ -94,7 +94,7 @@ class LatentKVCache:
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Append the new positions (each ``(B, L_new, width)``) and return all of
         them so far, cached first. No checks: :meth:`MultiHeadLatentAttention.forward`
-        compares the new tensors with :meth:`layout` first."""
+        compares the new tensors with ``layout()`` first."""
         new = (latent, rope_key, index_key)
         if self.latent is not None:
             old = (self.latent, self.rope_key, self.index_key)
