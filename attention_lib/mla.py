@@ -114,7 +114,7 @@ class MultiHeadLatentAttention(nn.Module):
 
         k^R &= \mathrm{RoPE}(x W_{DKV}^{R}),
 
-        [k^C_h; v_h] &= c\, W_{UKV}^{(h)},
+        \bigl[k^C_h; v_h\bigr] &= c\, W_{UKV}^{(h)},
 
         k_h &= [k^C_h; k^R],
 
