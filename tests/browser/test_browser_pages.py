@@ -208,7 +208,13 @@ def test_search_finds_a_chinese_word(tab: Tab) -> None:
     """Sphinx indexes Chinese only when jieba splits it into words (requirements.txt)."""
     tab.open("search", "?q=注意力")
     results = tab.page.locator("#search-results ul.search li a")
-    results.first.wait_for(timeout=20_000)
+    # Sphinx lists the results one by one (5 ms apart) and writes the count into
+    # the summary when it has listed them all: count only then.
+    tab.page.wait_for_function(
+        "() => /\\d/.test(document.querySelector("
+        "'#search-results .search-summary')?.innerText || '')",
+        timeout=20_000,
+    )
     hrefs = [a.get_attribute("href") for a in results.all()]
     chapters = [d for d in PAGES if re.match(r"\d+_", d.split("/")[-1])]
     found = [d for d in chapters if any(d.split("/")[-1] + ".html" in h for h in hrefs)]
