@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-sanitize-with tests/book/nbval_sanitize.cfg -p no:cacheprovider
 
-.PHONY: book test unit booktests nbval build-strict browser lab execute catalogs clean
+.PHONY: book test unit booktests nbval nbval-portable build-strict browser lab execute catalogs clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,9 +19,9 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	$(PY) tools/build_book.py
 
-## make test: the library's tests, the book's tests, nbval over every notebook, the strict
-## book build, browser tests
-test: unit booktests nbval build-strict browser
+## make test: the library's tests, the book's tests, nbval over every notebook (on this
+## CPU, then as another CPU would run it), the strict book build, browser tests
+test: unit booktests nbval nbval-portable build-strict browser
 	@echo "All tests passed."
 
 ## make unit: the library's tests (tests/lib); nothing here reads or builds the book
@@ -34,6 +34,11 @@ booktests: $(STAMP)
 
 nbval: $(STAMP)
 	$(PY) -m pytest book $(NBVAL) -q
+
+## make nbval-portable: nbval as a reader's other CPU runs it (another kernel dispatch,
+## one thread): every printed number must be the same there (tools/nbval_portable.py)
+nbval-portable: $(STAMP)
+	$(PY) tools/nbval_portable.py
 
 build-strict: $(STAMP)
 	rm -rf _build/html _build/zh _build/.doctrees _build/.doctrees-zh

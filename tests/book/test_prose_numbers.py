@@ -3,7 +3,9 @@
 A number in a markdown cell (a decimal such as ``0.178``, ``3.4`` or ``1e-5``, a
 percentage, or a whole number of three or more digits such as ``2,250``) must appear
 in one of the chapter's stored outputs or in its code (a parameter it sets, a value it
-asserts or glues). Numbers quoted from papers or model cards are listed, with their
+asserts or glues). The outputs of a cell tagged ``nbval-ignore-output`` (timings,
+bandwidths: they differ on every machine) do not count: prose that quoted them would
+be true only of the machine that executed the notebook. Numbers quoted from papers or model cards are listed, with their
 source, in ``prose_numbers_allowed.txt`` next to this file. Years, equation and
 section numbers, link targets and maths are not read.
 """
@@ -18,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = Path(__file__).with_name("prose_numbers_allowed.txt")
+IGNORED = "nbval-ignore-output"
 CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
 
 NUMBER = re.compile(
@@ -57,12 +60,17 @@ def quoted_numbers(markdown: str) -> list[str]:
 
 
 def _sources(cells: list[dict]) -> str:
-    """The chapter's code and every text it stored as output, commas removed."""
+    """The chapter's code and the text it stored as output, commas removed.
+
+    Outputs that nbval does not compare (``nbval-ignore-output``) are left out.
+    """
     parts = []
     for cell in cells:
         if cell["cell_type"] != "code":
             continue
         parts.append("".join(cell["source"]))
+        if IGNORED in cell.get("metadata", {}).get("tags", []):
+            continue
         for output in cell.get("outputs", []):
             parts.append("".join(output.get("text", "")))
             for kind in ("text/plain", "text/markdown", "text/html"):
@@ -94,3 +102,20 @@ def test_prose_numbers_come_from_the_notebook_or_a_paper(path: Path) -> None:
 def test_the_reader_finds_numbers_and_skips_maths_and_links() -> None:
     text = "It reaches 0.168 (2,250 tokens/s, 5.8x, 41%) in 2023; $d_k = 512$ [a](b_1.0)"
     assert quoted_numbers(text) == ["0.168", "2,250", "5.8", "41"]
+
+
+def test_outputs_nbval_ignores_are_not_sources() -> None:
+    timed = {
+        "cell_type": "code",
+        "source": ["t = run()"],
+        "metadata": {"tags": [IGNORED]},
+        "outputs": [{"output_type": "stream", "text": "4.08 ms per step"}],
+    }
+    kept = {
+        "cell_type": "code",
+        "source": ["print(x)"],
+        "metadata": {},
+        "outputs": [{"output_type": "stream", "text": "2.47 ms per step"}],
+    }
+    sources = _sources([timed, kept])
+    assert "4.08" not in sources and "2.47" in sources and "t = run()" in sources
