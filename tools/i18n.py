@@ -43,6 +43,7 @@ EXERCISES_ZH = "先自己做每道练习，再打开它的答案；每个答案�
 
 # Never translate "Transformer" (issue 17), and these are the translations it must not get.
 FORBIDDEN = ("变压器", "变换器", "转换器")
+STYLE = ROOT / "locale" / "zh_CN" / "STYLE.md"
 
 _CJK = re.compile(r"[\u3400-\u9fff]")
 _NUMBERED = re.compile(r"^(\d+)\. ")
@@ -123,6 +124,24 @@ def prose(text: str) -> str:
     return re.sub(r"https?://\S+", " ", text)
 
 
+def avoided_terms(style: Path = STYLE) -> dict[str, str]:
+    """STYLE.md's table "Terms to avoid (checked)": {term to avoid: what to write}."""
+    text = style.read_text(encoding="utf-8")
+    section = text.split("## Terms to avoid (checked)", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines()]
+    terms = {
+        cells[0].strip(): cells[1].strip()
+        for cells in rows
+        if len(cells) == 2 and cells[0].strip() not in ("avoid", "") and "---" not in cells[0]
+    }
+    if not terms:
+        raise ValueError(f"{style}: the table 'Terms to avoid (checked)' has no rows")
+    return terms
+
+
+AVOIDED = avoided_terms()
+
+
 def message_problems(msgid: str, msgstr: str, fuzzy: bool) -> list[str]:
     """What is wrong with one translated message ([] when nothing is)."""
     if not msgstr:
@@ -153,6 +172,12 @@ def message_problems(msgid: str, msgstr: str, fuzzy: bool) -> list[str]:
         problems.append("left in English (no Chinese in the translation)")
     if any(word in msgstr for word in FORBIDDEN):
         problems.append(f"'Transformer' is never translated (found one of {FORBIDDEN})")
+    words = prose(msgstr)
+    problems += [
+        f"avoid '{term}': write {instead} (locale/zh_CN/STYLE.md, Terms to avoid)"
+        for term, instead in AVOIDED.items()
+        if term in words
+    ]
     if "Transformer" in msgid and "Transformer" not in msgstr:
         problems.append("'Transformer' must stay 'Transformer'")
     if msgid == EXERCISES_EN and msgstr != EXERCISES_ZH:

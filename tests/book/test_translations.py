@@ -132,3 +132,16 @@ def test_the_exercises_sentence_has_one_translation() -> None:
     assert any(
         "exercises sentence" in p for p in i18n.message_problems(i18n.EXERCISES_EN, wrong, False)
     )
+
+
+def test_terms_the_style_guide_retires_are_refused() -> None:
+    avoided = i18n.avoided_terms()
+    assert avoided["旋转嵌入"].startswith("旋转位置编码") and "et al." in avoided
+    msgid = "Xiao et al. rotate the keys with `rotary_emb`."
+    problems = i18n.message_problems(msgid, "Xiao et al. 用旋转嵌入 `rotary_emb` 转动 Key。", False)
+    assert sum("avoid" in p for p in problems) == 2, problems
+    assert not i18n.message_problems(
+        msgid, "Xiao 等人用旋转位置编码 `rotary_emb` 转动 Key。", False
+    )
+    # Inside code or maths the words are not prose: `et al.` in a code span is fine.
+    assert not i18n.message_problems("`et al.` here", "这里的 `et al.`", False)
