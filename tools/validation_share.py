@@ -36,6 +36,12 @@ report bad ones. A statement is a *check* if it is
   torch.broadcast_shapes(...)`` / ``except RuntimeError: raise ValueError(...)``
   turns an error into a clear message).
 
+A check call written *inside* a larger expression counts too, by the lines
+the call spans (not the whole statement): ``self.window = None if window is
+None else check_int("window", window, minimum=1)``, ``if check_bool("gate",
+gate): ...``, ``nn.Dropout(check_dropout_p(dropout))``, two checks joined in
+one tuple. (Before this rule, 39 such lines went uncounted.)
+
 Every line of a *check function* counts too, from its decorators to its last
 line (docstring excluded, as everywhere): a function named ``check_*``,
 ``_check_*`` or ``_check``, or one whose body, after the docstring, is only
@@ -163,6 +169,15 @@ def _is_check_function(node: ast.AST) -> bool:
     return _all_checks(body)
 
 
+def _embedded_checks(tree: ast.AST) -> set[int]:
+    """The lines of every call to a check function, wherever it is written."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if _calls_check(node):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
 def _validation(stmts: list[ast.stmt]) -> set[int]:
     """The validation lines among ``stmts`` and the statements nested in them."""
     lines: set[int] = set()
@@ -183,7 +198,8 @@ def module_share(path: Path) -> tuple[int, int]:
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source, filename=str(path))
     code = code_lines(source, tree)
-    return len(_validation(tree.body) & code), len(code)
+    validation = _validation(tree.body) | _embedded_checks(tree)
+    return len(validation & code), len(code)
 
 
 def validation_share(
