@@ -121,7 +121,7 @@ _LABEL = re.compile(
     r'((?:title|aria-label|alt|data-bs-original-title)=")([^"<>]+)(")|(>\s*)([^<>]+?)(\s*<)'
 )
 
-_PRE = re.compile(r"(<pre\b.*?</pre>)", re.S)
+_PRE = re.compile(r"(<pre\b.*?</pre>)", re.DOTALL)
 
 
 def translate_chrome(html: str, table: dict[str, str] = CHROME_ZH) -> str:
@@ -297,12 +297,22 @@ class KeepDocstringsUntranslated(SphinxTransform):
     Runs before Sphinx's ``Locale`` transform (priority 20), so the gettext builder leaves
     these messages out of the catalogs and a translated build leaves them in English. The
     class ``afs-docstring`` marks them in the HTML.
+
+    Inline nodes are left alone (issue 44, item 1). Sphinx never extracts an inline node
+    that has no ``translatable`` attribute, so they need no mark; and Sphinx's
+    ``RemoveTranslatableInline`` (priority 999) takes every ``nodes.inline`` that has the
+    attribute, whatever its value, out of its parent and appends its children to the
+    parent's end. A signature's parts (``desc_sig_name``, ``desc_sig_operator``, the default
+    value) are such inlines: marked, they were moved to the end of their parameter, which
+    read ``=k_lenNone`` for ``k_len=None``; so were a docstring's ``:doc:`` links.
     """
 
     default_priority = 10
 
     def apply(self, **kwargs: Any) -> None:
         for node in self.document.findall(nodes.TextElement):
+            if isinstance(node, nodes.Inline):
+                continue
             if ":docstring of " in (node.source or "") or _inside_desc(node):
                 node["translatable"] = False
                 node["classes"].append("afs-docstring")  # tests skip it in the zh pages
