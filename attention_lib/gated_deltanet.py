@@ -172,8 +172,10 @@ class GatedDeltaNet(nn.Module):
         cache = kv_cache
         if cache is not None:
             check_instance("kv_cache", cache, LayerStateCache, "a LayerStateCache or None")
-            held = cache.state if cache.state is not None else x  # an empty cache fits
-            check_same("(batch, dtype)", cache=(held.shape[0], held.dtype), x=(len(x), x.dtype))
+            # the state is float32 for float16 / bfloat16 x (gated_delta_rule's precision)
+            want = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+            held = (len(x), want) if cache.state is None else (len(cache.state), cache.state.dtype)
+            check_same("(batch, dtype)", cache=held, x=(len(x), want))
         B, L, _ = x.shape
         H, d = self.num_heads, self.head_dim
         qkv = torch.cat([self.W_q(x), self.W_k(x), self.W_v(x)], dim=-1)  # (B, L, 3 H d)

@@ -27,6 +27,11 @@ quadratic (an ``L x L`` masked matrix, like attention), recurrent (one token
 at a time through the state, like an RNN) and chunked (quadratic inside
 chunks of ``C`` tokens, recurrent across them).
 
+**Half precision.** float16 and bfloat16 inputs are computed in float32 (the
+features, the state, the sums and the triangular solve) and the output is
+rounded back once, as chapter 10's tiled attention does: a state summed over
+hundreds of tokens in float16 loses digits at every step.
+
 Explained in chapter 16, *Attention without softmax*.
 """
 
@@ -51,6 +56,14 @@ FEATURE_MAPS = ("elu+1", "identity")
 
 #: Accepted values of ``linear_attention(schedule=...)``.
 SCHEDULES = ("quadratic", "chunked", "recurrent")
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """The dtype to compute in: the widest of the inputs', at least float32."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _features(x: Tensor, feature_map: str) -> Tensor:
@@ -106,7 +119,8 @@ def linear_attention(
         chunk_size: tokens per chunk of the ``"chunked"`` schedule.
 
     Returns:
-        ``(..., L, d_v)``.
+        ``(..., L, d_v)`` in the dtype of ``query`` (computed in float32 when
+        that is float16 or bfloat16).
 
     Raises:
         TypeError: if the tensors are not floating tensors or an option has
@@ -123,14 +137,19 @@ def linear_attention(
     normalize = feature_map == "elu+1" if normalize is None else check_bool("normalize", normalize)
     if normalize and feature_map == "identity":
         raise ValueError("normalize=True needs a positive feature map such as 'elu+1'")
+    out_dtype = query.dtype
+    dtype = _compute_dtype(query)  # float32 for float16 / bfloat16: one rounding at the end
+    query, key, value = (t.to(dtype) for t in (query, key, value))  # no copy if already dtype
     phi_q, phi_k = _features(query, feature_map), _features(key, feature_map)
     if schedule == "quadratic":
-        return _quadratic(phi_q, phi_k, value, causal, normalize)
-    if not causal:  # one state holds every key: S = phi(K)^T V
-        return _read(phi_q, phi_k.transpose(-2, -1) @ value, phi_k.sum(-2), normalize)
-    if schedule == "recurrent":
-        return _recurrent(phi_q, phi_k, value, normalize)
-    return _chunked(phi_q, phi_k, value, normalize, chunk_size)
+        out = _quadratic(phi_q, phi_k, value, causal, normalize)
+    elif not causal:  # one state holds every key: S = phi(K)^T V
+        out = _read(phi_q, phi_k.transpose(-2, -1) @ value, phi_k.sum(-2), normalize)
+    elif schedule == "recurrent":
+        out = _recurrent(phi_q, phi_k, value, normalize)
+    else:
+        out = _chunked(phi_q, phi_k, value, normalize, chunk_size)
+    return out.to(out_dtype)
 
 
 def _read(phi_q: Tensor, state: Tensor, norm: Tensor, normalize: bool) -> Tensor:
@@ -220,6 +239,16 @@ def gated_delta_rule(
     ``use_qk_l2norm_in_kernel=True``), and the query and key heads equal the
     value heads (repeat them for Qwen3-Next's grouped value heads).
 
+    **Precision and dtypes.** Everything is computed in the widest dtype of
+    the inputs, at least float32: float16 or bfloat16 ``q, k, v`` are
+    computed in float32 (the decay, the state, the triangular solve) and the
+    output is rounded back to ``query``'s dtype once. ``g``, ``beta`` and
+    ``initial_state`` may have another floating dtype than ``q, k, v``:
+    flash-linear-attention passes float32 ones with float16 ``q, k, v``, and
+    so may you. The final state stays in the computing dtype (float32 for
+    half-precision inputs, as fla's does), so a state carried from call to
+    call does not lose digits at every call.
+
     Explained in chapter 16, *Attention without softmax*.
 
     Args:
@@ -235,12 +264,13 @@ def gated_delta_rule(
         output_final_state: also return the state after the last token.
 
     Returns:
-        ``output`` ``(B, H, L, d_v)``, or ``(output, state)`` with ``state``
-        ``(B, H, d_k, d_v)`` if ``output_final_state``.
+        ``output`` ``(B, H, L, d_v)`` in ``query``'s dtype, or ``(output,
+        state)`` with ``state`` ``(B, H, d_k, d_v)`` if ``output_final_state``,
+        in the computing dtype (float32 for float16 / bfloat16 inputs).
 
     Raises:
         TypeError: if an argument is not a floating tensor or has the wrong type.
-        ValueError: on mismatched shapes or dtypes, ``g > 0`` anywhere, or
+        ValueError: on mismatched shapes or devices, ``g > 0`` anywhere, or
             ``chunk_size < 1``.
     """
     check_attention_args(query, key, value, dropout_p=0.0, scale=scale, is_causal=True)
@@ -248,17 +278,24 @@ def gated_delta_rule(
         check_tensor(name, t, min_dim=3)
     shapes = {n: t.shape[:3] for n, t in zip(("query", "key", "value"), (query, key, value))}
     check_same("(B, H, L)", **shapes, g=g.shape, beta=beta.shape)
+    check_same("device", query=query.device, g=g.device, beta=beta.device)
     if bool((g > 0).any()):
         raise ValueError("g is a log-decay and must be <= 0 everywhere, got a positive entry")
     if chunk_size is not None:
         chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     check_bool("output_final_state", output_final_state)
     B, H, _, d_k = key.shape
+    given = {"g": g, "beta": beta}
+    if initial_state is not None:
+        shape = check_tensor("initial_state", initial_state, min_dim=4).shape
+        check_same("shape", initial_state=shape, expected=(B, H, d_k, value.shape[-1]))
+        given["initial_state"] = initial_state
+        check_same("device", query=query.device, initial_state=initial_state.device)
+    out_dtype, dtype = query.dtype, _compute_dtype(query, *given.values())
+    query, key, value, g, beta = (t.to(dtype) for t in (query, key, value, g, beta))
     if initial_state is None:
         initial_state = key.new_zeros(B, H, d_k, value.shape[-1])
-    else:
-        given = check_tensor("initial_state", initial_state, min_dim=4).shape
-        check_same("shape", initial_state=given, expected=(B, H, d_k, value.shape[-1]))
+    initial_state = initial_state.to(dtype)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     query = query * scale
     if chunk_size is None:
@@ -266,6 +303,7 @@ def gated_delta_rule(
     else:
         size = min(chunk_size, key.shape[-2])  # no padding past the last token
         out, state = _delta_chunked(query, key, value, g, beta, initial_state, size)
+    out = out.to(out_dtype)
     return (out, state) if output_final_state else out
 
 
