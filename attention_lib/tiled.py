@@ -383,6 +383,87 @@ def tiled_core(
     return out.reshape(*batch_shape, q_len, d_v).to(out_dtype)  # (..., Lq, d_v)
 
 
+def block_backward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    grad_out: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    *,
+    scale: float,
+    keep: Tensor | None = None,
+    base2: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""One block pair's share of the gradients of attention, from the rows' global log-sum-exp.
+
+    The step that the backward pass of :func:`tiled_attention` takes for every
+    tile, and ring attention for every block that reaches a rank
+    (:func:`~attention_lib.distributed.ring_attention`): for a block of
+    queries and a block of keys and values, recompute the probabilities from
+    the log-sum-exp of each query row over *all* its keys, then
+
+    .. math::
+
+        P &= \exp(Q K^\top \cdot \mathrm{scale} - \mathrm{lse}), \qquad
+        dV = P^\top dO, \qquad dP = dO\, V^\top,
+
+        dS &= P \odot (dP - D), \qquad
+        dQ = dS\, K \cdot \mathrm{scale}, \qquad
+        dK = dS^\top Q \cdot \mathrm{scale},
+
+    with :math:`D = \mathrm{rowsum}(dO \odot O)` of the whole output rows. The
+    gradients of the whole attention are the sums of these shares over the
+    block pairs: :math:`dQ` of a query block over its key blocks, :math:`dK`
+    and :math:`dV` of a key block over its query blocks.
+
+    A building block, like :func:`tiled_core`: it checks nothing (the caller
+    prepared the blocks). A query row whose ``lse`` is ``-inf`` (it saw no
+    key) gets zero gradients.
+
+    Explained in chapter 10, *Efficient attention*; chapter 12 sends it
+    round a ring.
+
+    Args:
+        query: ``(..., Lq, d_k)`` the query block.
+        key: ``(..., Lk, d_k)`` the key block.
+        value: ``(..., Lk, d_v)`` the value block.
+        grad_out: ``(..., Lq, d_v)`` the gradient of the output rows, ``dO``.
+        lse: ``(..., Lq, 1)`` every query row's log-sum-exp over all its keys
+            (not only this block's), as the forward pass saved it.
+        delta: ``(..., Lq, 1)`` ``D = rowsum(dO * O)`` of every query row.
+        scale: the multiplier of the scores used in the forward pass.
+        keep: optional bool keep-mask broadcastable to ``(..., Lq, Lk)``
+            (``True`` = the pair was attended).
+        base2: ``lse`` is in base-2 units (``log2 sum 2^(s log2 e)``, as
+            :func:`tiled_attention` saves it); the probabilities are then
+            computed with ``exp2``.
+
+    Returns:
+        ``(dq, dk, dv)``, shaped as ``query``, ``key``, ``value``: this block
+        pair's share of each gradient.
+
+    Shapes:
+        - query, grad_out: ``(..., Lq, d_k)``, ``(..., Lq, d_v)``
+        - key, value: ``(..., Lk, d_k)``, ``(..., Lk, d_v)``
+        - lse, delta: ``(..., Lq, 1)``
+    """
+    lead, (q_len, d_k), k_len = query.shape[:-2], query.shape[-2:], key.shape[-2]
+    q, k, v, g = (t.reshape(-1, *t.shape[-2:]) for t in (query, key, value, grad_out))
+    n = q.shape[0]  # the leading dims flattened: (N, L, d)
+    lse = lse.reshape(n, q_len, 1)
+    lse = lse.masked_fill(lse == _NEG_INF, float("inf"))  # P = 0 for a row without keys
+    if keep is not None:
+        keep = keep.broadcast_to(*lead, q_len, k_len).reshape(n, q_len, k_len)
+    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    scratch = (*q.new_empty(2, n * q_len * k_len), q.new_empty(n * q_len * d_k))
+    _tile_backward(
+        q, k, v, g, lse, delta.reshape(n, q_len, 1), keep,
+        scale=scale, base2=base2, scratch=scratch, grads=grads,
+    )  # fmt: skip
+    return tuple(grad.reshape(*lead, *grad.shape[-2:]) for grad in grads)
+
+
 # --------------------------------------------------------------------------- private cores
 # Everything below is unchecked: the public functions above validate once, then
 # call these (the tile loops run thousands of times per call at long lengths).
@@ -582,6 +663,48 @@ def _tiled_forward(
     return out, lse
 
 
+def _tile_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grad_out: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    tile_keep: Tensor | None,
+    *,
+    scale: float,
+    base2: bool,
+    scratch: tuple[Tensor, Tensor, Tensor],
+    grads: tuple[Tensor, Tensor, Tensor],
+) -> None:
+    """One tile's backward step (:func:`block_backward`), added into ``grads`` in place.
+
+    ``q`` ``(N, bq, d_k)``, ``k`` ``(N, bk, d_k)``, ``v`` ``(N, bk, d_v)``,
+    ``grad_out`` ``(N, bq, d_v)``; ``lse`` (``+inf`` for a row without keys) and
+    ``delta`` ``(N, bq, 1)``; ``grads`` are ``dQ`` of the query rows, ``dK`` and
+    ``dV`` of the key block. ``scratch`` holds three flat buffers (for ``P``,
+    ``dP``/``dS`` and one ``dS K``), reused from tile to tile: matmuls write into
+    contiguous buffers only, since one that adds into a strided slice of a bigger
+    tensor takes a slow path.
+    """
+    n, bq, d_k = q.shape
+    shape = (n, bq, k.shape[1])
+    probs, grad_scores = (b[: math.prod(shape)].view(shape) for b in scratch[:2])
+    grad_q, grad_k, grad_v = grads
+    # scores, (N, bq, bk), in base-2 units if base2; beta=0 ignores the old contents
+    probs.baddbmm_(q, k.transpose(1, 2), beta=0.0, alpha=scale * _LOG2_E if base2 else scale)
+    _hide_blocked(probs, tile_keep)
+    exp = torch.exp2 if base2 else torch.exp
+    exp(probs.sub_(lse), out=probs)  # P = exp(s - lse), recomputed from lse
+    grad_v.baddbmm_(probs.transpose(1, 2), grad_out)  # dV += P^T dO
+    torch.bmm(grad_out, v.transpose(1, 2), out=grad_scores)  # dP = dO V^T
+    grad_scores.sub_(delta).mul_(probs)  # dS = P * (dP - D)
+    grad_q_tile = scratch[2][: n * bq * d_k].view(n, bq, d_k)
+    torch.bmm(grad_scores, k, out=grad_q_tile)
+    grad_q.add_(grad_q_tile, alpha=scale)  # dQ += dS K scale
+    grad_k.baddbmm_(grad_scores.transpose(1, 2), q, alpha=scale)  # dK += dS^T Q scale
+
+
 def _tiled_backward(
     grad_out: Tensor,
     q: Tensor,
@@ -605,12 +728,10 @@ def _tiled_backward(
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # D = rowsum(dO * O), (N, Lq, 1)
     grad_q = torch.zeros_like(q)  # (N, Lq, d_k)
     grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)  # (N, Lk, d_k), (N, Lk, d_v)
-    # Reused buffers: the tiles P and dP (which becomes dS in place), and one
-    # query block's share of dQ. Matmuls write into contiguous buffers only: one
-    # that adds into a strided slice of a bigger tensor takes a slow path.
+    # Reused buffers (see _tile_backward): the tiles P and dP (which becomes dS in
+    # place), and one query block's share of dQ.
     tile = n * min(tiles.block_q, q_len) * min(tiles.block_k, k_len)
-    buffers = q.new_empty(2, tile)
-    grad_q_tile = q.new_empty(n * min(tiles.block_q, q_len) * d_k)
+    scratch = (*q.new_empty(2, tile), q.new_empty(n * min(tiles.block_q, q_len) * d_k))
     for k_start in range(0, k_len, tiles.block_k):
         k_end = min(k_start + tiles.block_k, k_len)
         k_block, v_block = k[:, k_start:k_end], v[:, k_start:k_end]  # (N, bk, d_k), (N, bk, d_v)
@@ -618,21 +739,12 @@ def _tiled_backward(
         q_stop = tiles.query_stop(k_end, q_len)
         for q_start in range(tiles.first_query(k_start), q_stop, tiles.block_q):
             q_end = min(q_start + tiles.block_q, q_len)
-            rows, shape = slice(q_start, q_end), (n, q_end - q_start, k_end - k_start)
-            probs, grad_scores = (b[: math.prod(shape)].view(shape) for b in buffers)
-            # scores in base-2 units, (N, bq, bk); beta=0 ignores the old contents
-            probs.baddbmm_(
-                q[:, rows], k_block.transpose(1, 2), beta=0.0, alpha=tiles.scale * _LOG2_E
-            )
-            _hide_blocked(probs, tiles.keep_tile(keep, q_start, q_end, k_start, k_end, n))
-            torch.exp2(probs.sub_(lse[:, rows]), out=probs)  # P, recomputed from lse
-            grad_v_block.baddbmm_(probs.transpose(1, 2), grad_out[:, rows])  # dV += P^T dO
-            torch.bmm(grad_out[:, rows], v_block.transpose(1, 2), out=grad_scores)  # dP = dO V^T
-            grad_scores.sub_(delta[:, rows]).mul_(probs)  # dS = P * (dP - D)
-            grad_q_block = grad_q_tile[: n * (q_end - q_start) * d_k].view(n, q_end - q_start, d_k)
-            torch.bmm(grad_scores, k_block, out=grad_q_block)
-            grad_q[:, rows].add_(grad_q_block, alpha=tiles.scale)  # dQ += dS K scale
-            grad_k_block.baddbmm_(grad_scores.transpose(1, 2), q[:, rows], alpha=tiles.scale)
+            rows = slice(q_start, q_end)
+            _tile_backward(
+                q[:, rows], k_block, v_block, grad_out[:, rows], lse[:, rows], delta[:, rows],
+                tiles.keep_tile(keep, q_start, q_end, k_start, k_end, n), scale=tiles.scale,
+                base2=True, scratch=scratch, grads=(grad_q[:, rows], grad_k_block, grad_v_block),
+            )  # fmt: skip
         grad_k[:, k_start:k_end] = grad_k_block  # dK = sum over query blocks of dS^T Q scale
         grad_v[:, k_start:k_end] = grad_v_block
     return grad_q, grad_k, grad_v

@@ -227,13 +227,13 @@ def test_local_checks_and_layout_helpers():
     shards = zigzag_split(x, 4)
     assert [s.flatten().tolist() for s in shards[:2]] == [[0, 1, 14, 15], [2, 3, 12, 13]]
     assert torch.equal(zigzag_merge(shards), x)
-    with pytest.raises(ValueError, match="divisible by 8"):
+    with pytest.raises(ValueError, match="world_size"):
         zigzag_split(torch.zeros(1, 1, 12, 1), 4)
-    with pytest.raises(ValueError, match="two equal halves"):
+    with pytest.raises(ValueError, match="shards"):
         zigzag_merge([torch.zeros(1, 1, 3, 1)])
     with pytest.raises(TypeError, match="query"):
         ring_attention("q", x, x)
-    with pytest.raises(ValueError, match=r"shards \(B, H, N/P, D\)"):
+    with pytest.raises(ValueError, match="query"):
         ulysses_attention(x[0], x[0], x[0])
     with pytest.raises(ValueError, match="layout"):
         ring_blocks_per_rank(2, layout="striped")
@@ -245,13 +245,13 @@ def test_local_checks_and_layout_helpers():
 def test_a_worker_that_hangs_is_stopped_by_the_timeout():
     start = time.monotonic()
     # the worker sleeps for 10 minutes: whatever the load, 3 s cannot be enough
-    with pytest.raises(TimeoutError, match="did not finish in 3 s"):
+    with pytest.raises(TimeoutError, match="timeout=3 s"):
         launch(time.sleep, 1, 600, timeout=3.0)
     assert time.monotonic() - start < 60
 
 
 def test_an_error_in_a_worker_reaches_the_caller():
-    with pytest.raises(ProcessRaisedException, match="world_size must be an int"):
+    with pytest.raises(ProcessRaisedException, match="world_size"):
         launch(zigzag_split, 1, torch.zeros(4), "two", timeout=60.0)
 
 
@@ -259,7 +259,7 @@ def test_an_error_in_a_worker_reaches_the_caller():
                     reason="no torchrun next to this Python")  # fmt: skip
 def test_the_command_line_entry_under_torchrun():
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    port = str(D._free_port())
+    port = str(D.free_port())
     command = [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", port, "-m", "attention_lib.distributed"]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -269,7 +269,7 @@ def test_the_command_line_entry_under_torchrun():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "P = 2, backend gloo" in result.stdout
     assert "all exact" in result.stdout
-    assert len(result.stdout.splitlines()) == len(D._check_cases(2)) + 2  # a line per case
+    assert len(result.stdout.splitlines()) == len(D.torchrun_cases(2)) + 2  # a line per case
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")

@@ -285,13 +285,13 @@ def test_only_the_model_without_positions_is_permutation_equivariant(
 
 def test_classifier_bad_input() -> None:
     model = TokenClassifier(5, d_model=8, num_heads=2, max_len=6)
-    with pytest.raises(TypeError, match="tokens must be an integer tensor"):
+    with pytest.raises(TypeError, match="tokens"):
         model(torch.zeros(1, 4))
-    with pytest.raises(ValueError, match=r"\(B, L\)"):
+    with pytest.raises(ValueError, match="tokens"):
         model(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="max_len=6"):
+    with pytest.raises(ValueError, match="max_len"):
         model(torch.zeros(1, 7, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"ids in \[0, vocab_size=5\)"):
+    with pytest.raises(ValueError, match="vocab_size"):
         model(torch.tensor([[0, 5]]))
     with pytest.raises(ValueError, match="positional"):
         TokenClassifier(5, positional="rotary")
@@ -321,12 +321,12 @@ def test_layer_stacks_are_checked_by_their_attention(module: str) -> None:
     x = torch.randn(2, 4, 8)
     with pytest.raises(ValueError, match="mask"):
         door(x, padding_mask([5, 3]))
-    with pytest.raises(ValueError, match=r"mask must be \(Lq, Lk\)"):
+    with pytest.raises(ValueError, match="mask"):
         door(x, torch.ones(2, 4, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="need_weights"):
         door(x, need_weights="yes")
     if module == "encoder":
-        with pytest.raises(TypeError, match="cache must be a KVCache"):
+        with pytest.raises(TypeError, match="cache"):
             door(x, cache=[])
 
 

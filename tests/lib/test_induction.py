@@ -83,7 +83,7 @@ def test_bad_arguments() -> None:
     model = CausalLM(5, 8, 2, 1, 6)
     with pytest.raises(ValueError, match="periods"):
         predictable_accuracy(model, x, y, periods[:2])
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="targets"):
         predictable_accuracy(model, x, y[:, :3], periods)
-    with pytest.raises(TypeError, match="integer"):
+    with pytest.raises(TypeError, match="periods"):
         predictable_positions(periods.float(), 6)
