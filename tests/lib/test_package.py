@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import attention_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +93,24 @@ def test_pyproject_does_not_let_pip_pick_a_torch_build():
     text = (ROOT / "pyproject.toml").read_text()
     deps = re.search(r"dependencies\s*=\s*\[(.*?)\]", text, re.S).group(1)
     assert "torch" not in deps
+
+
+@pytest.mark.xfail(
+    reason="pyproject.toml (not this test's owner's) must add attention_lib.distributed "
+    "to [tool.setuptools] packages (issue 34 made it a package)",
+    strict=False,
+)
+def test_pyproject_lists_every_sub_package():
+    # A sub-package left out of [tool.setuptools] packages is missing from a wheel: a
+    # non-editable install (the chapters' Colab cell) could not import attention_lib.
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]["packages"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert "attention_lib.show" in on_disk  # the scan sees the sub-packages
+    assert on_disk <= set(listed), sorted(on_disk - set(listed))
 
 
 def test_pyproject_lists_every_third_party_import():
@@ -206,4 +226,18 @@ def test_validation_stays_under_fifteen_percent_of_the_code():
     """Issue 21's budget: checks are a means, not the bulk of the package. Counted by
     tools/validation_share.py (2b2cc86: 850 of 2,979 code lines, 28.5%)."""
     validation, code, _ = _validation_share_tool().validation_share(PACKAGE)
+    assert validation / code < 0.15, f"{validation} of {code} code lines validate"
+
+
+@pytest.mark.xfail(
+    reason="issue 34: the core is at 15.1% (601 of 3,978 lines at f0d066e) until "
+    "MultiHeadAttention and CausalLM validate once (items 1-4)",
+    strict=False,
+)
+def test_validation_stays_under_fifteen_percent_of_the_core():
+    """Issue 34: the budget holds for the algorithms alone too, without the display kit
+    (show/, whose many small widgets would otherwise dilute the share)."""
+    _, _, per_module = _validation_share_tool().validation_share(PACKAGE)
+    core = [(v, c) for name, (v, c) in per_module.items() if not name.startswith("show/")]
+    validation, code = sum(v for v, _ in core), sum(c for _, c in core)
     assert validation / code < 0.15, f"{validation} of {code} code lines validate"
