@@ -95,11 +95,6 @@ def test_pyproject_does_not_let_pip_pick_a_torch_build():
     assert "torch" not in deps
 
 
-@pytest.mark.xfail(
-    reason="pyproject.toml (not this test's owner's) must add attention_lib.distributed "
-    "to [tool.setuptools] packages (issue 34 made it a package)",
-    strict=False,
-)
 def test_pyproject_lists_every_sub_package():
     # A sub-package left out of [tool.setuptools] packages is missing from a wheel: a
     # non-editable install (the chapters' Colab cell) could not import attention_lib.
