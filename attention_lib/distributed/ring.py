@@ -199,7 +199,7 @@ def ring_attention(
     round the ring again, each with its ``dK``/``dV`` accumulators, which
     every rank adds its share to; after ``P`` hops they are home. Each block
     takes chapter 10's backward step
-    (:func:`~attention_lib.tiled.block_backward`), its probabilities
+    (``attention_lib.tiled.block_backward``), its probabilities
     recomputed from the global log-sum-exp saved by the forward pass, so the
     memory stays ``O(N / P)``.
 
