@@ -1,0 +1,131 @@
+"""Result tables that read as tables (issue 44, item 5).
+
+A chapter that prints a result table with f-strings shows it as monospaced text, cut at
+the phone's edge, and one ``print`` per line can come out as several output boxes.
+:func:`table` returns one object that a notebook shows as an HTML table (a header row,
+numbers right-aligned, a box that scrolls sideways on a narrow screen with the book's
+fading cue) and whose plain text, what nbval compares and a terminal prints, is the same
+table aligned in columns::
+
+    from attention_lib.show.table import table
+    table([["full cache", 64, 0.98], ["window only", 8, 0.41]],
+          header=["cache", "kept", "accuracy"], digits=3)
+
+Nothing here imports IPython: Jupyter calls ``_repr_html_`` itself.
+"""
+
+from __future__ import annotations
+
+import html
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+
+def _cell(value: Any, digits: int | None) -> str:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if digits is None:
+        return repr(float(value))
+    return f"{float(value):.{digits}g}" if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class Table:
+    """A result table: rows of cells under a header, shown as HTML in a notebook and as
+    aligned text elsewhere. Build it with :func:`table`."""
+
+    def __init__(
+        self,
+        rows: Sequence[Sequence[Any]],
+        header: Sequence[str],
+        digits: int | None,
+        caption: str | None,
+    ) -> None:
+        self.header = [str(h) for h in header]
+        self.rows = [list(r) for r in rows]
+        self.digits = digits
+        self.caption = caption
+        self.text_rows = [[_cell(v, digits) for v in r] for r in self.rows]
+        # a column is numeric (right-aligned) when every cell in it is a number
+        self.numeric = [
+            all(_numeric(r[j]) for r in self.rows) and bool(self.rows)
+            for j in range(len(self.header))
+        ]
+
+    def __repr__(self) -> str:
+        widths = [
+            max([len(h)] + [len(r[j]) for r in self.text_rows]) for j, h in enumerate(self.header)
+        ]
+
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(
+                c.rjust(w) if self.numeric[j] else c.ljust(w)
+                for j, (c, w) in enumerate(zip(cells, widths, strict=True))
+            ).rstrip()
+
+        out = [self.caption] if self.caption else []
+        out += [line(self.header), line(["-" * w for w in widths])]
+        out += [line(r) for r in self.text_rows]
+        return "\n".join(out)
+
+    __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        def cell(tag: str, text: str, j: int) -> str:
+            align = ' style="text-align:right"' if self.numeric[j] else ""
+            return f"<{tag}{align}>{html.escape(text)}</{tag}>"
+
+        head = "".join(cell("th", h, j) for j, h in enumerate(self.header))
+        body = "".join(
+            "<tr>" + "".join(cell("td", c, j) for j, c in enumerate(r)) + "</tr>"
+            for r in self.text_rows
+        )
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return (
+            '<div class="afs-table" style="overflow-x:auto;max-width:100%">'
+            f'<table class="table">{caption}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>"
+        )
+
+
+def table(
+    rows: Sequence[Sequence[Any]],
+    header: Sequence[str],
+    *,
+    digits: int | None = None,
+    caption: str | None = None,
+) -> Table:
+    """One result table, shown as an HTML table in a notebook and as aligned text in
+    nbval's comparison and a terminal.
+
+    Args:
+        rows: the rows, each a sequence of cells (str, int, float, bool...), as many as
+            ``header`` has names.
+        header: the column names.
+        digits: decimals of the float cells (values below 0.001 get that many
+            significant digits); ``None`` prints ``repr(float)``.
+        caption: an optional line above the table.
+
+    Returns:
+        A :class:`Table`; make it the last expression of a cell (or ``display`` it).
+
+    Raises:
+        TypeError: if ``header`` is a string or a row is not a sequence.
+        ValueError: if a row does not have one cell per column, or ``digits < 0``.
+    """
+    if isinstance(header, str) or not isinstance(header, Sequence):
+        raise TypeError("header must be a sequence of column names")
+    if digits is not None and (not isinstance(digits, int) or digits < 0):
+        raise ValueError(f"digits must be an int >= 0 or None, got {digits!r}")
+    for i, row in enumerate(rows):
+        if isinstance(row, str) or not isinstance(row, Sequence):
+            raise TypeError(f"row {i} is not a sequence of cells: {row!r}")
+        if len(row) != len(header):
+            raise ValueError(f"row {i} has {len(row)} cells for {len(header)} columns")
+    return Table(rows, header, digits, caption)
