@@ -1,4 +1,5 @@
-"""The API page (book/api.md) documents exactly the public names, attention_lib.__all__.
+"""The API reference (book/api.md, an index, and one page per part of the library,
+book/api_*.md) documents exactly the public names, attention_lib.__all__, each once.
 
 The page documents a name with an autodoc directive (``autofunction``, ``autoclass``,
 ``autodata``) or a plain ``py:data`` one, inside ``{eval-rst}`` blocks, under the
@@ -17,6 +18,13 @@ import attention_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 API_PAGE = ROOT / "book" / "api.md"
+# The reference's pages (issue 44, item 6: split from one page of 169 phone screens).
+API_PAGES = [API_PAGE, *sorted((ROOT / "book").glob("api_*.md"))]
+
+
+def reference() -> str:
+    """The text of every page of the reference, the index first."""
+    return "\n".join(p.read_text(encoding="utf-8") for p in API_PAGES)
 
 EVAL_RST = re.compile(r"^```\{eval-rst\}\n(.*?)^```", re.S | re.M)
 DIRECTIVE = re.compile(
@@ -55,6 +63,9 @@ SUBMODULE_ONLY = {
     "attention_lib.layer_types.LayerType",
     "attention_lib.layer_types.register_layer_type",
     "attention_lib.layer_types.LAYER_TYPES",
+    # the display kit's result tables, for chapter owners to adopt (issue 44, item 5)
+    "attention_lib.show.table.table",
+    "attention_lib.show.table.Table",
 }
 
 
@@ -97,7 +108,7 @@ def check(page: str) -> tuple[list[str], list[str], list[str]]:
 
 
 def test_the_parser_reads_the_page() -> None:
-    names = documented(API_PAGE.read_text(encoding="utf-8"))
+    names = documented(reference())
     assert len(names) >= len(attention_lib.__all__) > 30
     assert "attention_lib.causal_mask" in names  # under currentmodule:: attention_lib
     assert "attention_lib.tiled.tiled_attention" in names  # in its submodule
@@ -105,14 +116,14 @@ def test_the_parser_reads_the_page() -> None:
 
 
 def test_every_public_name_is_documented_and_nothing_else() -> None:
-    missing, extra, twice = check(API_PAGE.read_text(encoding="utf-8"))
-    assert missing == [], f"add them to book/api.md: {missing}"
+    missing, extra, twice = check(reference())
+    assert missing == [], f"add them to a page of the reference (book/api_*.md): {missing}"
     assert extra == [], f"not in attention_lib.__all__: {extra}"
     assert twice == []
 
 
 def test_the_submodule_only_names_exist_and_are_documented() -> None:
-    names = documented(API_PAGE.read_text(encoding="utf-8"))
+    names = documented(reference())
     for qualname in SUBMODULE_ONLY:
         resolve(qualname)  # raises if the name is gone from its module
         assert qualname in names
@@ -120,7 +131,7 @@ def test_the_submodule_only_names_exist_and_are_documented() -> None:
 
 
 def test_the_check_catches_a_missing_and_an_extra_name() -> None:
-    page = API_PAGE.read_text(encoding="utf-8")
+    page = reference()
     without = page.replace(".. autofunction:: causal_mask\n", "")
     assert without != page
     assert check(without)[0] == ["causal_mask"]
@@ -134,3 +145,11 @@ def test_the_check_catches_a_missing_and_an_extra_name() -> None:
         ".. autofunction:: causal_mask\n\n.. autofunction:: causal_mask\n",
     )
     assert check(twice)[2] == ["attention_lib.causal_mask"]
+
+
+def test_the_reference_is_split_into_short_pages() -> None:
+    assert len(API_PAGES) >= 5
+    index = API_PAGE.read_text(encoding="utf-8")
+    assert not documented(index), "the index page lists the pages; the entries are on them"
+    for page in API_PAGES[1:]:
+        assert page.stem in index, f"the index page does not link {page.name}"
