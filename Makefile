@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-sanitize-with tests/book/nbval_sanitize.cfg -p no:cacheprovider
 
-.PHONY: book test unit booktests nbval nbval-portable build-strict browser lab execute catalogs clean
+.PHONY: book test unit booktests nbval nbval-portable build-strict browser lab execute catalogs clean pdf
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ browser: $(STAMP)
 	$(PY) -m pytest tests/browser -p no:cacheprovider -q
 	AFS_EDITION=zh $(PY) -m pytest tests/browser -p no:cacheprovider -q \
 		--ignore=tests/browser/test_jupyterlab_live.py
+
+## make pdf: after `make book`, a PDF of each page and of the whole book, both editions,
+## printed by Chromium (_build/html/pdf/ and _build/html/zh/pdf/; linked from each page's
+## download menu)
+pdf: $(STAMP)
+	$(PY) tools/build_book.py --pdf
 
 ## make lab: open the notebooks in JupyterLab with the repository's environment
 lab: $(STAMP)

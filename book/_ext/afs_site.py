@@ -26,6 +26,7 @@ The reference page's own prose is translated like every other page.
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,39 @@ def _theme_catalogs(app: Any) -> None:
         app.add_message_catalog(BOOKTHEME_CATALOG, str(locale_dir))
 
 
+def book_version(root: str | Path) -> str | None:
+    """The release the book shows: ``attention_lib``'s version (``root``'s pyproject.toml),
+    which a release tag ``vX.Y.Z`` names (README.md, "Releases and PDFs"; CHANGELOG.md)."""
+    import tomllib
+
+    pyproject = Path(root) / "pyproject.toml"
+    if not pyproject.exists():
+        return None
+    return tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+
+
+def version_footer(version: str, chinese: bool, changelog: str) -> str:
+    """The footer line with the book's version and a link to what changed in it."""
+    if chinese:
+        return f'<p class="afs-version">版本 {version}（<a href="{changelog}">更新记录</a>）</p>'
+    return f'<p class="afs-version">Version {version} (<a href="{changelog}">changes</a>)</p>'
+
+
+def _show_version(app: Any, config: Any) -> None:
+    """Issue 44, item 7: the version in every page's footer (and Sphinx's ``release``)."""
+    version = book_version(app.srcdir)
+    if version is None:
+        return
+    config.version = config.release = version
+    repo = (config.html_theme_options or {}).get("repository_url", "").rstrip("/")
+    branch = (config.html_theme_options or {}).get("repository_branch", "main")
+    changelog = f"{repo}/blob/{branch}/CHANGELOG.md" if repo else "CHANGELOG.md"
+    config.html_theme_options = {
+        **config.html_theme_options,
+        "extra_footer": version_footer(version, _is_chinese(config), changelog),
+    }
+
+
 def _translate_site_text(app: Any, config: Any) -> None:
     if _is_chinese(config):
         config.html_theme_options = {
@@ -218,6 +252,90 @@ def _translate_figure_alts(
         return f"{m.group(1)}{html.escape(catalog.gettext(alt), quote=True)}{m.group(3)}"
 
     context["body"] = _ALT.sub(swap, body)
+
+
+# Issue 44, item 5: figures and sliders numbered per chapter ("Fig. 11.1", "Slider 11.1"),
+# with one caption style. Sphinx numbers figures through the whole book (chapter 11 opened
+# on "Fig. 40": the TOC is not ``numbered``, the chapters carry their number in their
+# titles), and the notebooks write a slider's caption as a paragraph opening with
+# "**Slider N.**" ("**滑块 N**："). No page refers to a figure or a slider by its number.
+_CHAPTER_DOC = re.compile(r"(?:^|/)(\d+)_[^/]*$")
+_FIG_NUMBER = re.compile(r'(<span class="caption-number">)(Fig\.|图)\s*\d+(\s*</span>)')
+_SLIDER_CAPTION = re.compile(
+    r"<p><strong>(Slider|滑块)\s*\d+\.?</strong>\s*(?:[:：.]\s*)?(.*?)</p>", re.DOTALL
+)
+
+
+def number_per_chapter(body: str, chapter: int) -> str:
+    """``body`` with its figures and sliders numbered ``chapter.n`` in their order, and
+    each slider's caption paragraph in the figures' caption style (``afs-caption``)."""
+    count = {"fig": 0, "slider": 0}
+
+    def figure(m: re.Match) -> str:
+        count["fig"] += 1
+        return f"{m.group(1)}{m.group(2)} {chapter}.{count['fig']}{m.group(3)}"
+
+    def slider(m: re.Match) -> str:
+        count["slider"] += 1
+        word, text = m.groups()
+        return (
+            f'<p class="afs-caption afs-slider-caption"><span class="caption-number">'
+            f'{word} {chapter}.{count["slider"]} </span><span class="caption-text">{text}'
+            "</span></p>"
+        )
+
+    return _SLIDER_CAPTION.sub(slider, _FIG_NUMBER.sub(figure, body))
+
+
+def _number_per_chapter(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
+    m = _CHAPTER_DOC.search(pagename)
+    body = context.get("body")
+    if m and isinstance(body, str):
+        context["body"] = number_per_chapter(body, int(m.group(1)))
+
+
+# Issue 44, item 6: the API reference was one page (book/api), now an index and one page
+# per part of the library (book/api_*). A link to an entry of the old page
+# (book/api.html#attention_lib.causal_mask) still lands on it: the index page carries a
+# map of every id of the new pages to its page and follows it for a #fragment it does not
+# have itself, on arrival and on a change of the fragment.
+API_INDEX = "book/api"
+_API_PART = re.compile(r"^book/api_\w+$")
+
+ANCHOR_MAP_JS = """<script>(() => {
+  const pages = %s;
+  const go = () => {
+    const id = decodeURIComponent(location.hash.slice(1));
+    if (!id || document.getElementById(id)) return;
+    for (const [page, ids] of Object.entries(pages)) {
+      if (ids.includes(id)) { location.replace(`${page}.html#${encodeURIComponent(id)}`); return; }
+    }
+  };
+  go();
+  window.addEventListener("hashchange", go);
+})();</script>"""
+
+
+def api_anchor_map(env: Any) -> dict[str, list[str]]:
+    """Each page of the reference (its file name) -> the ids of its sections and entries."""
+    found = {}
+    for docname in sorted(env.found_docs):
+        if _API_PART.match(docname):
+            doctree = env.get_doctree(docname)
+            ids = sorted({i for node in doctree.findall(nodes.Element) for i in node["ids"]})
+            found[docname.rsplit("/", 1)[-1]] = ids
+    return found
+
+
+def _api_anchor_map(
+    app: Any, pagename: str, templatename: str, context: dict, doctree: Any
+) -> None:
+    body = context.get("body")
+    if pagename == API_INDEX and isinstance(body, str):
+        pages = json.dumps(api_anchor_map(app.env), separators=(",", ":"))
+        context["body"] = body + ANCHOR_MAP_JS % pages
 
 
 def _language_links(
@@ -298,24 +416,28 @@ class KeepDocstringsUntranslated(SphinxTransform):
     these messages out of the catalogs and a translated build leaves them in English. The
     class ``afs-docstring`` marks them in the HTML.
 
-    Inline nodes are left alone (issue 44, item 1). Sphinx never extracts an inline node
-    that has no ``translatable`` attribute, so they need no mark; and Sphinx's
+    Inline nodes get no mark of their own (issue 44, item 1). Sphinx never extracts an
+    inline node that has no ``translatable`` attribute, so they need none; and Sphinx's
     ``RemoveTranslatableInline`` (priority 999) takes every ``nodes.inline`` that has the
     attribute, whatever its value, out of its parent and appends its children to the
     parent's end. A signature's parts (``desc_sig_name``, ``desc_sig_operator``, the default
     value) are such inlines: marked, they were moved to the end of their parameter, which
-    read ``=k_lenNone`` for ``k_len=None``; so were a docstring's ``:doc:`` links.
+    read ``=k_lenNone`` for ``k_len=None``. Only the inlines Sphinx itself made translatable
+    (the content of a parameter's description in a field list) are turned off.
     """
 
     default_priority = 10
 
     def apply(self, **kwargs: Any) -> None:
         for node in self.document.findall(nodes.TextElement):
-            if isinstance(node, nodes.Inline):
+            if not (":docstring of " in (node.source or "") or _inside_desc(node)):
                 continue
-            if ":docstring of " in (node.source or "") or _inside_desc(node):
-                node["translatable"] = False
-                node["classes"].append("afs-docstring")  # tests skip it in the zh pages
+            if isinstance(node, nodes.Inline):
+                if "translatable" in node:
+                    node["translatable"] = False
+                continue
+            node["translatable"] = False
+            node["classes"].append("afs-docstring")  # tests skip it in the zh pages
 
 
 # A number and its unit in a table cell ("0.063 s", "260 MiB", "1.4 x"): joined by a
@@ -392,7 +514,10 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", _link_explained_in)
     app.connect("html-page-context", _language_links)
     app.connect("html-page-context", _translate_figure_alts)
+    app.connect("html-page-context", _number_per_chapter)
+    app.connect("html-page-context", _api_anchor_map)
     app.connect("config-inited", _translate_site_text)
+    app.connect("config-inited", _show_version)
     app.connect("builder-inited", _theme_catalogs)
     app.connect("build-finished", _translate_chrome)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's

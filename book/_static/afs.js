@@ -21,59 +21,118 @@ if (window.MathJax) {
   setTimeout(show, 3000);
 }
 
-// Attention from Scratch: a figure shrunk to fit a narrow column opens at full size
-// (scrolling inside its own output box) when tapped, and closes on a second tap. A button
-// on its corner says so (issue 29, item 1: a visible cue) and does the same by keyboard.
-// A figure's full size is the width the page gives it (a 2x figure: half its pixels, in
-// CSS px; Sphinx writes it as an inline style), else its pixels; known from the HTML, so
-// the cue is placed, and the figure's box reserved (its aspect ratio), before it loads.
+// Attention from Scratch: a figure shown well below its size opens at full size in a
+// full-screen view (issue 44, item 2). A figure's full size is the width the page gives it
+// (a 2x figure: half its pixels, in CSS px; Sphinx writes it as an inline style), else its
+// pixels; known from the HTML, so the figure's box is reserved (its aspect ratio) before
+// it loads. Below SHRUNK of that size, an "Enlarge" button sits in its own line above the
+// figure's right edge, never on the figure (issue 29 had it on the corner, over legends
+// and titles), and a tap on the figure does the same. The view is an overlay over the
+// whole window: the figure at full size (it scrolls, and pinch-zooms, if wider than the
+// screen), its caption below it, always in view, and a Close button; a tap anywhere,
+// Escape or the button closes it and gives the focus back.
 document.addEventListener("DOMContentLoaded", () => {
+  const SHRUNK = 0.85;
   const zh = document.documentElement.lang.startsWith("zh");
-  const words = zh ? { open: "放大", close: "缩小", label: "以原始大小查看此图" }
-    : { open: "Enlarge", close: "Fit", label: "Show this figure at full size" };
-  // One cue per box: a static figure's <figure>, or a slider's frames (one shown at a time).
-  // Sphinx wraps a figure with a given size in a link to its file: a tap zooms instead.
+  const words = zh ? { open: "放大", close: "关闭", label: "以原始大小查看此图" }
+    : { open: "Enlarge", close: "Close", label: "Show this figure at full size" };
+  // One button per box: a static figure's <figure>, or a slider's frames (one shown at a
+  // time). Sphinx wraps a figure with a given size in a link to its file: a tap opens the
+  // view instead.
   const boxOf = (img) => img.closest("a.image-reference")?.parentElement ?? img.parentElement;
+  const full = (img) => parseFloat(img.style.width) || +img.getAttribute("width")
+    || img.naturalWidth;
+  // The figure's caption: its <figcaption>, or a slider's caption paragraph after its cell.
+  const captionOf = (box) => {
+    const own = box.closest("figure")?.querySelector("figcaption");
+    if (own) return own;
+    let next = box.closest(".cell")?.nextElementSibling;
+    while (next && !next.textContent.trim()) next = next.nextElementSibling;
+    return next && next.matches("p") ? next : null;
+  };
+  const view = (img, box, opener) => {
+    const overlay = document.createElement("div");
+    overlay.className = "afs-zoom-overlay";
+    overlay.setAttribute("role", "dialog");
+    overlay.setAttribute("aria-modal", "true");
+    overlay.setAttribute("aria-label", img.alt || words.label);
+    const bar = document.createElement("div");
+    bar.className = "afs-zoom-bar";
+    const close = document.createElement("button");
+    close.type = "button";
+    close.className = "afs-zoom-close";
+    close.textContent = `✕ ${words.close}`;
+    bar.appendChild(close);
+    const pane = document.createElement("div");
+    pane.className = "afs-zoom-pane";
+    const copy = document.createElement("img");
+    copy.className = "afs-zoom-image";
+    copy.src = img.currentSrc || img.src;
+    copy.alt = img.alt;
+    copy.style.width = `${full(img)}px`;
+    pane.appendChild(copy);
+    overlay.append(bar, pane);
+    const caption = captionOf(box);
+    if (caption) {
+      const text = document.createElement("div");
+      text.className = "afs-zoom-caption";
+      text.innerHTML = caption.innerHTML;
+      text.querySelectorAll("a.headerlink").forEach((a) => a.remove());
+      overlay.appendChild(text);
+    }
+    const root = document.documentElement;
+    const done = () => {
+      overlay.remove();
+      root.classList.remove("afs-zoom-open");
+      document.removeEventListener("keydown", key, true);
+      opener.focus({ preventScroll: true });
+    };
+    const key = (event) => {
+      if (event.key === "Escape") { event.preventDefault(); done(); }
+      if (event.key === "Tab") { event.preventDefault(); close.focus(); }  // the one control
+    };
+    overlay.addEventListener("click", done);  // a tap anywhere, the button included
+    document.addEventListener("keydown", key, true);
+    root.classList.add("afs-zoom-open");
+    document.body.appendChild(overlay);
+    close.focus({ preventScroll: true });
+  };
   const mark = (box) => {
     const imgs = [...box.querySelectorAll(":scope > img, :scope > a.image-reference > img")];
     const shown = () => imgs.find((i) => i.getBoundingClientRect().width > 0) || imgs[0];
-    const full = (img) => parseFloat(img.style.width) || +img.getAttribute("width")
-      || img.naturalWidth;
     imgs.forEach((img) => {
       const w = parseFloat(img.style.width);
       const h = parseFloat(img.style.height);
       if (w && h) img.style.aspectRatio = `${w} / ${h}`;
     });
-    const shrunk = () => full(shown()) > shown().getBoundingClientRect().width + 1;
+    const shrunk = () => shown().getBoundingClientRect().width < SHRUNK * full(shown());
     const cue = document.createElement("button");
     cue.type = "button";
     cue.className = "afs-zoom-cue";
     cue.setAttribute("aria-label", words.label);
+    cue.setAttribute("aria-haspopup", "dialog");
+    cue.textContent = `⤢ ${words.open}`;
     cue.hidden = true;
     box.classList.add("afs-zoom-box");
-    box.appendChild(cue);
+    box.insertBefore(cue, box.firstChild);  // its own line, above the figure
     const update = () => {
-      const zoomed = box.classList.contains("afs-zoomed");
-      const zoomable = zoomed || shrunk();
+      const zoomable = shrunk();
       imgs.forEach((img) => img.classList.toggle("afs-zoomable", zoomable));
       cue.hidden = !zoomable;
-      cue.textContent = zoomed ? `⤡ ${words.close}` : `⤢ ${words.open}`;
-      cue.setAttribute("aria-pressed", String(zoomed));
     };
-    const toggle = (event) => {
+    const open = (event) => {
       if (!shown().classList.contains("afs-zoomable")) return;
       event.preventDefault();  // not the image-reference link to the file
-      box.classList.toggle("afs-zoomed");
-      update();
+      view(shown(), box, cue);
     };
     update();
     imgs.forEach((img) => {
       if (!img.complete) img.addEventListener("load", update);
-      img.addEventListener("click", toggle);
+      img.addEventListener("click", open);
     });
     window.addEventListener("resize", update);
     box.closest(".afs-explorer")?.addEventListener("input", update);
-    cue.addEventListener("click", toggle);
+    cue.addEventListener("click", open);
   };
   const boxes = new Set();
   document.querySelectorAll(".bd-article .cell_output img").forEach((i) => boxes.add(boxOf(i)));
@@ -82,7 +141,22 @@ document.addEventListener("DOMContentLoaded", () => {
 
 // The sliders (attention_lib's kernel-free explorers) show a mark at each of their stops
 // (issue 29, item 2): a <datalist> of the slider's values, which the browser draws as ticks.
+// Their label shows the value ("step = 23"); the stop is only a muted "(12 of 33)" beside
+// the slider (issue 44, item 5; the explorer writes "12 / 33", which read as a second value).
 document.addEventListener("DOMContentLoaded", () => {
+  const zh = document.documentElement.lang.startsWith("zh");
+  const stop = (slider) => {
+    const at = +slider.value - +slider.min + 1;
+    const of = +slider.max - +slider.min + 1;
+    return zh ? `（第 ${at} 档，共 ${of} 档）` : `(${at} of ${of})`;
+  };
+  document.querySelectorAll(".afs-explorer input.afs-slider").forEach((slider) => {
+    const position = slider.parentNode.querySelector(".afs-position");
+    if (!position) return;
+    const show = () => { position.textContent = stop(slider); };
+    show();
+    slider.addEventListener("input", show);  // after the explorer's own oninput
+  });
   document.querySelectorAll(".afs-explorer input.afs-slider").forEach((slider, n) => {
     const list = document.createElement("datalist");
     list.id = `afs-stops-${n}`;
@@ -204,4 +278,34 @@ document.addEventListener("DOMContentLoaded", () => {
     });
     return original(doc.documentElement.outerHTML, anchor).replace(/\s+/g, " ");
   };
+});
+
+// Issue 44, item 9: the download menu links to the page's PDF and to the whole book's,
+// which `make pdf` prints into the edition's pdf/ folder (tools/build_book.py), beside the
+// theme's own ".pdf" entry (the browser's print dialog).
+document.addEventListener("DOMContentLoaded", () => {
+  const menu = document.querySelector(".dropdown-download-buttons ul, "
+    + "[aria-label='Download this page'] + ul, .dropdown-download-buttons .dropdown-menu");
+  const rootAttr = document.documentElement.dataset.content_root;
+  if (!menu || rootAttr === undefined) return;
+  const root = new URL(rootAttr, location.href);
+  const page = location.pathname.startsWith(root.pathname)
+    ? location.pathname.slice(root.pathname.length).replace(/\.html$/, "") : null;
+  if (!page) return;
+  const zh = document.documentElement.lang.startsWith("zh");
+  const entries = [
+    [`pdf/${page}.pdf`, zh ? "本章 PDF" : "PDF of this page"],
+    [zh ? "pdf/attention-from-scratch-zh.pdf" : "pdf/attention-from-scratch.pdf",
+      zh ? "全书 PDF" : "PDF of the book"],
+  ];
+  for (const [href, text] of entries) {
+    const item = document.createElement("li");
+    const link = document.createElement("a");
+    link.href = new URL(href, root).href;
+    link.className = "btn btn-sm dropdown-item afs-pdf-link";
+    link.textContent = text;
+    link.setAttribute("download", "");
+    item.appendChild(link);
+    menu.appendChild(item);
+  }
 });

@@ -161,3 +161,64 @@ def measure_page(page, docname: str, where: str, errors: list[str]) -> dict:
         "axe": {k: len(v) for k, v in axe.items()},
         "axe_rules": axe,
     }
+
+
+# Issue 44, item 2: the controls that open a figure at full size, and whether they sit on
+# the figure's ink. The shown controls are counted; control ``i`` is scrolled to the middle
+# of the window and the parts of the figures under it returned (viewport px).
+ZOOM_CONTROLS_JS = """() => [...document.querySelectorAll('article .afs-zoom-cue')]
+    .filter(c => !c.hidden && c.getClientRects().length && c.offsetParent !== null).length"""
+ZOOM_CONTROL_UNDER_JS = """async (i) => {
+    const c = [...document.querySelectorAll('article .afs-zoom-cue')]
+        .filter(c => !c.hidden && c.getClientRects().length && c.offsetParent !== null)[i];
+    c.scrollIntoView({block: 'center', behavior: 'instant'});  // the theme scrolls smoothly
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+    const r = c.getBoundingClientRect();
+    const under = [];
+    for (const img of document.querySelectorAll('article .cell_output img')) {
+        if (img.offsetParent === null) continue;
+        const b = img.getBoundingClientRect();
+        const x0 = Math.max(r.left, b.left, 0), x1 = Math.min(r.right, b.right, innerWidth);
+        const y0 = Math.max(r.top, b.top, 0), y1 = Math.min(r.bottom, b.bottom, innerHeight);
+        if (x1 - x0 >= 1 && y1 - y0 >= 1) {
+            under.push({x: x0, y: y0, width: x1 - x0, height: y1 - y0});
+        }
+    }
+    return {text: c.textContent.trim(), under};
+}"""
+
+# Ink: a pixel at least this far from white in some channel (anti-aliased text included).
+INK_DISTANCE = 48
+
+
+def ink_fraction(png: bytes) -> float:
+    """The share of a screenshot's pixels that are ink (not the white page)."""
+    import io
+
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    ink = sum(1 for r, g, b in img.getdata() if 255 - min(r, g, b) >= INK_DISTANCE)
+    return ink / max(1, img.width * img.height)
+
+
+def zoom_controls_over_ink(page, threshold: float = 0.005) -> dict:
+    """The shown zoom controls of ``page`` (all outputs opened, figures loaded) and how many
+    sit on figure ink: the pixels under a control, with the controls hidden, more than
+    ``threshold`` ink."""
+    page.evaluate(SHOW_ALL_JS)
+    count = page.evaluate(ZOOM_CONTROLS_JS)
+    over = []
+    for i in range(count):
+        c = page.evaluate(ZOOM_CONTROL_UNDER_JS, i)
+        if not c["under"]:
+            continue
+        hide = page.add_style_tag(content=".afs-zoom-cue { visibility: hidden !important; }")
+        page.wait_for_timeout(50)
+        inked = max(
+            ink_fraction(page.screenshot(clip=clip, animations="disabled")) for clip in c["under"]
+        )
+        hide.evaluate("e => e.remove()")
+        if inked > threshold:
+            over.append({"text": c["text"], "ink": round(inked, 3)})
+    return {"controls": count, "over_ink": len(over), "over": over[:5]}

@@ -11,6 +11,14 @@ PNG's resolution and its displayed width), the display equations wider than thei
 the code blocks that scroll with no cue, console errors, the cumulative layout shift, and
 axe-core's violations by impact. The browser suite asserts the same quantities
 (test_browser_reading.py); this script only reports them, so that "before" can be measured.
+
+``--issue44`` prints issue 44's table instead, for the editions given (default both)::
+
+    .venv/bin/python tests/browser/reading_report.py --issue44 [--edition en zh]
+
+signatures that read as Python's (signatures.py), zoom controls over figure ink at both
+widths (reading.zoom_controls_over_ink), the smallest figure text on the phone, cells whose
+printed output is split over several boxes, and the PDFs of ``make pdf`` (pages, size).
 """
 
 from __future__ import annotations
@@ -24,17 +32,153 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import DESKTOP  # noqa: E402
-from conftest import PHONE as PHONE_2X  # noqa: E402  (390 x 844, touch, 2x pixels)
-from reading import CLS_INIT_JS, measure_page  # noqa: E402
+from conftest import DESKTOP
+from conftest import PHONE as PHONE_2X
+from reading import (
+    CLS_INIT_JS,
+    SETTLE_JS,
+    figure_texts,
+    measure_page,
+    zoom_controls_over_ink,
+)
+
+
+def split_outputs(html: str) -> int:
+    """Cells whose printed text is split over several output boxes (consecutive stream or
+    plain-text outputs of one cell)."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    split = 0
+    for out in soup.select("article .cell_output"):
+        run = best = 0
+        for child in out.find_all("div", recursive=False):
+            classes = child.get("class") or []
+            if "output" in classes and ("stream" in classes or "text_plain" in classes):
+                run += 1
+                best = max(best, run)
+            else:
+                run = 0
+        split += best >= 2
+    return split
+
+
+def pdf_files(site: Path) -> list[tuple[str, int, int]]:
+    """The PDFs ``make pdf`` wrote (under the site's ``pdf/`` folders): name, pages, bytes."""
+    import re as _re
+
+    found = []
+    for pdf in sorted(site.rglob("*.pdf")):
+        data = pdf.read_bytes()
+        pages = len(_re.findall(rb"/Type\s*/Page(?![s\w])", data))
+        found.append((str(pdf.relative_to(site)), pages, len(data)))
+    return found
+
+
+def issue44(editions: list[str], only: list[str] | None = None) -> int:
+    """Issue 44's before/after table, both widths, the editions given."""
+    import functools
+    import http.server
+    import threading
+
+    from bookpages import CHROMIUM, EDITIONS, PAGES, SITE_DIR
+    from playwright.sync_api import sync_playwright
+    from signatures import SIGNATURES_JS, compare
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(SITE_DIR))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    api_pages = [d for d in PAGES if "api" in d.rsplit("/", 1)[-1]]
+    if only:  # the reference's pages are always read: the signatures are counted on them
+        only = [d for d in PAGES if d in only or d in api_pages]
+    table = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        for edition in editions:
+            base = f"http://127.0.0.1:{port}/{EDITIONS[edition]}"
+            row: dict = {"edition": edition}
+            for where, screen in (("phone", PHONE_2X), ("desktop", DESKTOP)):
+                context = browser.new_context(**screen, service_workers="block")
+                context.set_default_timeout(180_000)  # a loaded machine
+                controls = over = 0
+                texts: list[float] = []
+                sig_total = sig_wrong = 0
+                for docname in only or PAGES:
+                    page = context.new_page()
+                    page.goto(f"{base}{docname}.html", wait_until="load")
+                    page.evaluate(SETTLE_JS)
+                    if docname in api_pages and where == "desktop":
+                        n, wrong = compare(page.evaluate(SIGNATURES_JS))
+                        sig_total += n
+                        sig_wrong += len(wrong)
+                    if where == "phone":
+                        texts += [f["px"] for f in figure_texts(page) if f["px"] is not None]
+                    z = zoom_controls_over_ink(page)
+                    controls += z["controls"]
+                    over += z["over_ink"]
+                    print(
+                        f"  {edition} {where} {docname}: {z['over_ink']} of {z['controls']} "
+                        f"controls over ink {z['over'][:2]}",
+                        flush=True,
+                    )
+                    page.close()
+                context.close()
+                row[f"controls_{where}"] = f"{over} of {controls}"
+                if where == "phone":
+                    row["smallest_phone_text"] = round(min(texts, default=0), 1)
+                else:
+                    row["signatures"] = f"{sig_total - sig_wrong} of {sig_total} correct"
+
+            folder = SITE_DIR / EDITIONS[edition]
+            row["split_outputs"] = sum(
+                split_outputs((folder / f"{d}.html").read_text(encoding="utf-8"))
+                for d in only or PAGES
+                if (folder / f"{d}.html").exists()
+            )
+            pdfs = [f for f in pdf_files(SITE_DIR) if f[0].startswith(EDITIONS[edition] + "pdf/")]
+            row["pdfs"] = (
+                f"{len(pdfs)} files, {sum(f[1] for f in pdfs)} pages, "
+                f"{sum(f[2] for f in pdfs) / 1e6:.1f} MB"
+                if pdfs
+                else "none"
+            )
+            table.append(row)
+            print(json.dumps(row, ensure_ascii=False), flush=True)
+        browser.close()
+    server.shutdown()
+    heads = [
+        ("edition", "edition"),
+        ("signatures", "signatures"),
+        ("controls_phone", "controls over ink, phone"),
+        ("controls_desktop", "controls over ink, desktop"),
+        ("smallest_phone_text", "smallest phone figure text (CSS px)"),
+        ("split_outputs", "cells with split output"),
+        ("pdfs", "PDFs"),
+    ]
+    print()
+    print("| " + " | ".join(h for _, h in heads) + " |")
+    print("|" + "---|" * len(heads))
+    for row in table:
+        print("| " + " | ".join(str(row.get(k, "")) for k, _ in heads) + " |")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--edition", default="en", choices=["en", "zh"])
+    parser.add_argument("--edition", default=None, choices=["en", "zh"], nargs="*")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--pages", nargs="*")
+    parser.add_argument("--issue44", action="store_true", help="issue 44's table")
     args = parser.parse_args(argv)
+    if args.issue44:
+        return issue44(args.edition or ["en", "zh"], args.pages)
+    args.edition = (args.edition or ["en"])[0]
     import os
 
     os.environ["AFS_EDITION"] = args.edition

@@ -60,6 +60,22 @@ def test_every_signature_reads_as_pythons(loaded, api_page: str) -> None:
     assert not wrong, f"{len(wrong)} of {count} signatures differ from Python's: {wrong[:5]}"
 
 
+@pytest.mark.parametrize(
+    "old", ["attention_lib.causal_mask", "attention_lib.MultiHeadAttention.forward", "masks"]
+)
+def test_an_anchor_of_the_old_single_page_still_lands(tab, old: str) -> None:
+    """Issue 44, item 6: book/api.html#<id> of the single page before the split goes to the
+    page that now holds <id>, scrolled to it."""
+    if API_PAGES == [API]:
+        pytest.skip("the reference is one page")
+    tab.open(API, query=f"#{old}")
+    page = tab.page
+    page.wait_for_function("(id) => document.getElementById(id) !== null", arg=old)
+    assert re.search(r"/api_\w+\.html$", page.url.split("#")[0]), page.url
+    top = page.evaluate("(id) => document.getElementById(id).getBoundingClientRect().top", old)
+    assert -2 <= top < 900, f"{old} at {top} px on {page.url}"
+
+
 def test_the_signature_check_reads_a_garbled_signature() -> None:
     garbled = "attention_lib.causal_mask(q_len, =k_lenNone, *, =offset0, =windowNone)\u00b6"
     assert shown(garbled) == "q_len, =k_lenNone, *, =offset0, =windowNone"

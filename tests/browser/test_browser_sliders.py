@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from allowed_errors import problems
-from bookpages import HTML_DIR, PAGES, Tab, built_html, pages_with_sliders
+from bookpages import EDITION, HTML_DIR, PAGES, Tab, built_html, pages_with_sliders
 from bs4 import BeautifulSoup
 
 SLIDER_PAGES = pages_with_sliders()
@@ -30,6 +30,13 @@ STATE_JS = """(ex) => {
                                 natural: f.naturalWidth * f.naturalHeight})),
     };
 }"""
+
+
+def stop_text(at: int, last: int) -> str:
+    """The stop beside a slider at value ``at`` of ``0..last`` (afs.js; issue 44, item 5)."""
+    if EDITION == "zh":
+        return f"（第 {at + 1} 档，共 {last + 1} 档）"
+    return f"({at + 1} of {last + 1})"
 
 
 def test_the_book_has_a_static_slider() -> None:
@@ -93,7 +100,7 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
             state = ex.evaluate(STATE_JS)
             check_state(state, where)
             at = int(slider.input_value())  # the start frame the chapter chose
-            assert state["positions"][s : s + 1] == [f"{at + 1} / {last + 1}"], (
+            assert state["positions"][s : s + 1] == [stop_text(at, last)], (
                 f"{where}: position {state['positions']} at value {at}"
             )
             sources = {state["shown"][0]["src"]}
@@ -118,7 +125,7 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
                 assert state["label"] != before["label"], (
                     f"{where}: label stuck at {state['label']!r}"
                 )
-                assert state["positions"][s] == f"{step + 1} / {last + 1}", state["positions"]
+                assert state["positions"][s] == stop_text(step, last), state["positions"]
                 sources.add(frame["src"])
             assert len(sources) >= 2, f"{where}: every position shows the same picture"
             # Mouse: a click at the left end of the track takes it back to the first value.
