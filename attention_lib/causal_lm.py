@@ -20,7 +20,7 @@ Explained in chapter 8, *Attention that writes*.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +28,10 @@ from torch import Tensor, nn
 
 from .encoder import POSITIONAL_KINDS, Encoder, position_module
 from .kv_cache import KVCache
+from .layer_types import LayerSpec, LayerType
+from .protocols import Step
 from .validation import (
+    check_bool,
     check_choice,
     check_instance,
     check_int,
@@ -110,24 +113,34 @@ class CausalLM(nn.Module):
         num_kv_heads: int | None = None,
         rope_base: float = 10000.0,
         window: int | None = None,
-        layer_types: Sequence[str] | None = None,
+        layer_types: Sequence[str | LayerSpec] | None = None,
         chunk_size: int | None = None,
         nope_layers: Sequence[int] = (),
+        layer_table: Mapping[str, LayerType] | None = None,
         **attention: Any,
     ) -> None:
         super().__init__()
         check_choice("positional", positional, DECODER_POSITIONAL_KINDS)
         self.window = None if window is None else check_int("window", window, minimum=1)
-        self.layer_types = None if layer_types is None else tuple(layer_types)
+        self.layer_specs = self.layer_types = None
+        if layer_types is not None:  # names or LayerSpecs: one value per layer
+            self.layer_specs = tuple(
+                LayerSpec(kind) if isinstance(kind, str) else kind for kind in layer_types
+            )
+            for spec in self.layer_specs:
+                check_instance("layer_types[i]", spec, LayerSpec, "a layer type name or LayerSpec")
+            self.layer_types = tuple(spec.kind for spec in self.layer_specs)
         # chunked attention in some layer: a fact of the layer types, not of attributes
         self._chunked = (
             chunk_size is not None if layer_types is None else "chunked" in self.layer_types
         )
-        if layer_types is not None:  # per-layer spans: each layer's cache is its own
+        if self.layer_specs is not None:  # per-layer spans: each layer's cache is its own
             self.window = None
-            spans = {"sliding": window, "chunked": chunk_size}
-            if any(spans.get(kind, 0) is None for kind in self.layer_types):
-                raise ValueError("'sliding' layers need a window, 'chunked' ones chunk_size")
+            spans = {"sliding": ("window", window), "chunked": ("chunk_size", chunk_size)}
+            for spec in self.layer_specs:
+                name, default = spans.get(spec.kind, (None, 0))
+                if name is not None and dict(spec.options).get(name, default) is None:
+                    raise ValueError("'sliding' layers need a window, 'chunked' ones chunk_size")
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
@@ -148,11 +161,13 @@ class CausalLM(nn.Module):
             rope_base=rope_base if positional == "rope" else None,
             window=window,
             chunk_size=chunk_size,
-            layer_types=layer_types,
+            layer_types=self.layer_specs,
             nope_layers=nope_layers,
+            layer_table=layer_table,
             **attention,
         )
         self.head = nn.Linear(d_model, vocab_size)
+        self._made: list[tuple] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -197,9 +212,10 @@ class CausalLM(nn.Module):
                 ``mask`` or ``positions`` do not fit.
         """
         check_token_ids(tokens, self.vocab_size)
-        past = 0 if cache is None else self.check_cache(cache)
+        past = 0 if cache is None else self.check_cache(cache, len(tokens))
         length, limit = tokens.shape[1], self.max_len
         check_int("the length L of tokens (B, L)", length, minimum=1)
+        check_bool("need_weights", need_weights)
         if past + length > limit:  # chapter 9 shows this error
             raise ValueError(f"{past} cached + {length} new tokens is longer than max_len={limit}")
         if positions is None:
@@ -210,37 +226,38 @@ class CausalLM(nn.Module):
             raise ValueError(f"positions must lie in [0, max_len={limit}), got {positions}")
         keep = None
         if mask is not None:  # padding: (B, P + L) -> the stored and new keys (B, 1, 1, T + L)
-            if cache is not None and (cache.sink_tokens is not None or self.layer_types):
-                raise ValueError("a padding mask needs a cache alike in every layer, no sinks")
+            if cache is not None and cache.sink_tokens is not None:  # columns are not the last
+                raise ValueError("a padding mask needs a cache without sink_tokens")
             if self._chunked:
                 # transformers counts a padded row's chunks from its first real token
                 raise ValueError("chunked layers take no padding mask (chunks would shift)")
             keep = check_mask(mask, (tokens.shape[0], past + length), device=tokens.device)
-            stored = length + (0 if cache is None else len(cache))  # a rolling cache drops some
-            keep = keep.expand(tokens.shape[0], -1)[:, None, None, -stored:]
+            keep = keep.expand(tokens.shape[0], -1)[:, None, None, :]  # (B, 1, 1, P + L)
         x = self.embedding(tokens)  # (B, L, d)
         if isinstance(self.position, nn.Embedding):  # learned positions
             x = x + self.position(positions)  # (B, L, d) + (L, d)
         elif self.position is not None:  # sinusoidal
             x = self.position(x, positions)  # (B, L, d)
         # Causal in every layer: bottom-right after the cached tokens (chapter 5), the
-        # layers' window if any, and RoPE at `positions`; prepared once, passed down.
-        out = self.blocks(
-            x, keep, is_causal=True, need_weights=need_weights, cache=cache, positions=positions
-        )
+        # layers' window if any, and RoPE at `positions`; prepared once (the RoPE
+        # tables at the first layer that asks), passed down the unchecked path.
+        step = Step(positions, causal=True, keep=keep)
+        out = self.blocks.run(x, step, cache, need_weights=need_weights)
         if not need_weights:
             return self.head(out)  # (B, L, V)
         hidden, weights = out
         return self.head(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
 
-    def check_cache(self, cache: object) -> int:
+    def check_cache(self, cache: object, batch: int | None = None) -> int:
         """Refuse a ``cache`` that this model cannot continue (another number of
         layers, a rolling window that is too small, or sink tokens with a
         windowed model: they would make its window's positions wrong; a model
         without a window reads a cache with ``sink_tokens`` as StreamingLLM
         does, chapter 13); return the number of
         tokens it has seen. Each layer's attention checks that its own cache
-        holds the right batch, heads, width and dtype.
+        holds the right batch, heads, width and dtype. With ``batch``, every
+        layer's cache is checked against it here, once per call (the layers then
+        check nothing).
 
         Raises:
             TypeError: if ``cache`` is not a :class:`~attention_lib.KVCache`.
@@ -248,10 +265,12 @@ class CausalLM(nn.Module):
         """
         check_instance("cache", cache, KVCache, "a KVCache or None")
         if self.layer_types is not None:  # each layer has made (and keeps) its own cache
-            made = [_kind(layer.make_cache()) for layer in self.blocks.layers]
+            if self._made is None:  # the kinds of cache the layers make (asked once)
+                self._made = [_kind(layer.make_cache()) for layer in self.blocks.layers]
+            made = self._made
             if cache.window or cache.sink_tokens is not None or _kinds(cache) not in ([], made):
                 raise ValueError("a model with layer_types needs a KVCache() it has filled itself")
-            return cache.position
+            return self._check_layer_caches(cache, batch)
         if cache.sink_tokens is not None and self.window is not None:  # positions not contiguous
             raise ValueError("a cache with sink_tokens is for a model without a window")
         drops = cache.window is not None and (self.window is None or cache.window < self.window)
@@ -259,7 +278,21 @@ class CausalLM(nn.Module):
             raise ValueError(f"cache window={cache.window} < the model's window={self.window}")
         if cache.layers and len(cache.layers) != self.num_layers:
             raise ValueError(f"cache holds {len(cache.layers)} layers, not {self.num_layers}")
-        return cache.position  # each layer's attention checks its own cache
+        return self._check_layer_caches(cache, batch)
+
+    def _check_layer_caches(self, cache: KVCache, batch: int | None) -> int:
+        """With ``batch``, each layer's mixer checks its cache (batch, shapes,
+        dtype), here once per call; returns the tokens the cache has seen."""
+        if batch is not None:
+            for layer in self.blocks.layers:
+                scaling = getattr(layer.self_attn, "rope_scaling", None) or {}
+                if scaling.get("rope_type") == "dynamic":  # turned at the length of a call
+                    raise ValueError("dynamic RoPE scaling changes with the length: no kv_cache")
+            weight = self.embedding.weight
+            for layer, layer_cache in zip(self.blocks.layers, cache.layers):
+                if hasattr(layer.self_attn, "check_cache"):
+                    layer.self_attn.check_cache(layer_cache, batch, weight.dtype, weight.device)
+        return cache.position
 
 
 def _kind(layer_cache: Any) -> tuple:

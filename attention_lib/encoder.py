@@ -24,15 +24,16 @@ Explained in chapter 7, *Attention that has learned something*.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .kv_cache import KVCache, LayerKVCache
-from .layer_types import LAYER_TYPES
+from .layer_types import LAYER_TYPES, LayerSpec, LayerType
 from .mha import MultiHeadAttention
+from .protocols import Step
 from .rope import inverse_frequencies
 from .validation import (
     check_base,
@@ -235,20 +236,25 @@ class EncoderLayer(nn.Module):
         d_ff: int | None = None,
         dropout: float = 0.0,
         *,
-        layer_type: str | None = None,
+        layer_type: str | LayerSpec | None = None,
+        layer_table: Mapping[str, LayerType] | None = None,
         **attention: Any,
     ) -> None:
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.norm1 = nn.LayerNorm(d_model)
-        self.layer_type = layer_type
+        self.layer_type = self.spec = None
+        self._table = LAYER_TYPES if layer_table is None else layer_table
         if layer_type is None:
             self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, **attention)
         else:  # the token mixer of this layer type (a table, chapter 14)
-            check_choice("layer type", layer_type, tuple(LAYER_TYPES))
-            make_mixer = LAYER_TYPES[layer_type].make_mixer
-            self.self_attn = make_mixer(d_model, num_heads, dropout=dropout, **attention)
+            if isinstance(layer_type, str):
+                layer_type = LayerSpec(layer_type)
+            check_instance("layer_type", layer_type, LayerSpec, "a str, a LayerSpec or None")
+            self.spec = layer_type.with_defaults(attention)
+            self.layer_type = self.spec.kind
+            self.self_attn = self.spec.build(d_model, num_heads, dropout=dropout, table=self._table)
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
@@ -300,12 +306,38 @@ class EncoderLayer(nn.Module):
         x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
         return (x, weights) if need_weights else x
 
+    def mix(
+        self, x: Tensor, step: Step, cache: Any, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """The layer on the unchecked path of a model: its token mixer's
+        ``mix`` with the ``step`` the model prepared once (the mixer protocol
+        of :mod:`attention_lib.protocols`), called through the module (so that
+        its hooks see the call). A mixer without ``mix`` (a layer type of your
+        own) is called as a self-attention, and checks itself. (The path of
+        chapter 8's :class:`~attention_lib.CausalLM`.)
+        """
+        h = self.norm1(x)  # (B, L, d)
+        mixer = self.self_attn
+        if hasattr(mixer, "mix"):  # through __call__: hooks on the mixer still see it
+            attended = mixer(h, step=step, kv_cache=cache, need_weights=need_weights)
+        else:
+            held = 0 if cache is None else len(cache)
+            mask = step.keep_for(held + x.shape[1])
+            attended = mixer(
+                h, h, h, mask, is_causal=step.causal, need_weights=need_weights,
+                kv_cache=cache, positions=step.positions,
+            )  # fmt: skip
+        attn, weights = attended if need_weights else (attended, None)
+        x = x + self.dropout1(attn)
+        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
+        return (x, weights) if need_weights else x
+
     def make_cache(self) -> Any:
         """An empty cache for this layer: its layer type's ``make_cache``, or a
         plain :class:`~attention_lib.LayerKVCache` without a layer type."""
         if self.layer_type is None:
             return LayerKVCache()
-        return LAYER_TYPES[self.layer_type].make_cache(self.self_attn)
+        return self._table[self.layer_type].make_cache(self.self_attn)
 
 
 class Encoder(nn.Module):
@@ -348,8 +380,9 @@ class Encoder(nn.Module):
         d_ff: int | None = None,
         dropout: float = 0.0,
         *,
-        layer_types: Sequence[str] | None = None,
+        layer_types: Sequence[str | LayerSpec] | None = None,
         nope_layers: Sequence[int] = (),
+        layer_table: Mapping[str, LayerType] | None = None,
         **attention: Any,
     ) -> None:
         super().__init__()
@@ -368,6 +401,7 @@ class Encoder(nn.Module):
                 d_ff,
                 dropout,
                 layer_type=kind,
+                layer_table=layer_table,
                 **(_without_rope(attention) if i in nope_layers else attention),
             )
             for i, kind in enumerate(kinds)
@@ -436,6 +470,27 @@ class Encoder(nn.Module):
                 kv_cache=None if cache is None else cache.layer(i, self._cache_maker(layer)),
                 positions=positions,
             )
+            x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
+            all_weights.append(weights)
+        x = self.norm(x)
+        if not need_weights:
+            return x
+        if len({w.shape for w in all_weights}) > 1:  # caches of different spans
+            raise ValueError("need_weights: the layers' caches hold different numbers of keys")
+        return x, torch.stack(all_weights, dim=1)  # (B, num_layers, H, L, Lk)
+
+    def run(
+        self, x: Tensor, step: Step, cache: KVCache | None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` on the unchecked path of a model: every layer's
+        :meth:`EncoderLayer.mix` with the ``step`` prepared once.
+
+        Explained in chapter 8, *Attention that writes*.
+        """
+        all_weights = []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else cache.layer(i, self._cache_maker(layer))
+            out = layer.mix(x, step, layer_cache, need_weights=need_weights)
             x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
             all_weights.append(weights)
         x = self.norm(x)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .linear_attention import gated_delta_rule
+from .protocols import Step
 from .validation import check_instance, check_int, check_same, check_tensor
 
 
@@ -65,6 +66,27 @@ class LayerStateCache:
     def nbytes(self) -> int:
         """Bytes held by the state and the convolution's inputs (constant in the tokens)."""
         return _nbytes(self.state) + _nbytes(self.conv)
+
+    @property
+    def numbers_per_token(self) -> int:
+        """``0``: nothing is kept per token (the state has a fixed size)."""
+        return 0
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the batch rows ``rows`` (a 1-D integer tensor), in that order
+        (the cache protocol of :mod:`attention_lib.protocols`). No checks."""
+        self.state = None if self.state is None else self.state[rows]
+        self.conv = None if self.conv is None else self.conv[rows]
+
+    def crop(self, n: int) -> None:
+        """Forget the last ``n`` tokens: only ``n = 0`` is possible (the state
+        has mixed every token in; keep a copy to go back).
+
+        Raises:
+            ValueError: if ``n != 0``.
+        """
+        if check_int("n", n, minimum=0):
+            raise ValueError(f"a recurrent state cannot forget tokens: cannot crop {n}")
 
 
 class GatedDeltaNet(nn.Module):
@@ -134,6 +156,7 @@ class GatedDeltaNet(nn.Module):
         need_weights: bool = False,
         kv_cache: LayerStateCache | None = None,
         positions: Tensor | None = None,
+        step: Step | None = None,
     ) -> Tensor:
         """Mix the tokens of ``x``; with a cache, continue after its tokens.
 
@@ -153,6 +176,11 @@ class GatedDeltaNet(nn.Module):
                 tokens before ``x`` (empty for a new sequence); it is replaced
                 by the state after ``x``.
             positions: ignored.
+            step: a model's call (the mixer protocol of
+                :mod:`attention_lib.protocols`): the
+                :class:`~attention_lib.protocols.Step` it prepared and
+                validated; only ``kv_cache`` and ``need_weights`` are read
+                besides. ``None``: the checked call.
 
         Returns:
             ``(B, L, d_model)``.
@@ -164,6 +192,8 @@ class GatedDeltaNet(nn.Module):
                 another batch or dtype, or the call asks for what the layer
                 cannot do (a mask, weights, non-causal mixing, another key).
         """
+        if step is not None:  # a model's call (the mixer protocol): checked by the model
+            return self.mix(x, step, kv_cache, need_weights=need_weights)
         check_tensor("x", x, min_dim=3)
         check_same("d_model (last dim)", x=x.shape[-1], layer=self.d_model)
         others = [t for t in (key, value) if t is not None and t is not x]
@@ -176,6 +206,50 @@ class GatedDeltaNet(nn.Module):
             want = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
             held = (len(x), want) if cache.state is None else (len(cache.state), cache.state.dtype)
             check_same("(batch, dtype)", cache=held, x=(len(x), want))
+        return self._mix(x, cache)
+
+    def mix(
+        self, x: Tensor, step: Step, cache: LayerStateCache | None, *, need_weights: bool = False
+    ) -> Tensor:
+        """Mix the new tokens ``x`` as a decoder's token mixer (the protocol of
+        :mod:`attention_lib.protocols`); no checks. Always causal, no positions;
+        a padding keep-mask or ``need_weights`` raise ``ValueError``.
+
+        Explained in chapter 16, *Attention without softmax*.
+        """
+        if need_weights or step.keep is not None or not step.causal:
+            raise ValueError("GatedDeltaNet mixes x causally with itself: no mask, no weights")
+        return self._mix(x, cache)
+
+    def check_cache(
+        self, cache: object, batch: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Refuse a ``cache`` this layer cannot continue (what :meth:`forward`
+        checks of its ``kv_cache``), for a model that checks every layer's once.
+
+        Raises:
+            TypeError: if ``cache`` is not a :class:`LayerStateCache`.
+            ValueError: if it holds another batch, dtype or device.
+        """
+        if not isinstance(cache, LayerStateCache):
+            raise TypeError(f"kv_cache must be a LayerStateCache, got {type(cache).__name__}")
+        held = cache.state  # float32 for float16 / bfloat16 x (gated_delta_rule's precision)
+        dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        if held is not None and (len(held), held.dtype, held.device) != (batch, dtype, device):
+            given = (batch, dtype, device)
+            raise ValueError(
+                f"kv_cache holds (B, dtype, device) {(len(held), held.dtype, held.device)}, not {given}"
+            )
+
+    def make_cache(self) -> LayerStateCache:
+        """An empty :class:`LayerStateCache`.
+
+        Explained in chapter 16, *Attention without softmax*.
+        """
+        return LayerStateCache()
+
+    def _mix(self, x: Tensor, cache: LayerStateCache | None) -> Tensor:
+        """The computation of :meth:`forward` on checked input."""
         B, L, _ = x.shape
         H, d = self.num_heads, self.head_dim
         qkv = torch.cat([self.W_q(x), self.W_k(x), self.W_v(x)], dim=-1)  # (B, L, 3 H d)

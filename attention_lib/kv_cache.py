@@ -90,6 +90,34 @@ class LayerKVCache:
         """Bytes held by the cached keys and values."""
         return _nbytes(self.key) + _nbytes(self.value)
 
+    @property
+    def numbers_per_token(self) -> int:
+        """Numbers kept per token and sequence: ``2 * H_kv * d_k`` (a key and a
+        value per head), ``0`` while empty."""
+        return 0 if self.key is None else 2 * self.key.shape[1] * self.key.shape[-1]
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the batch rows ``rows`` (a 1-D integer tensor), in that order:
+        drop finished sequences or reorder beams (the cache protocol of
+        :mod:`attention_lib.protocols`). A building block: no checks."""
+        if self.key is not None and self.value is not None:
+            self.key, self.value = self.key[rows], self.value[rows]
+
+    def crop(self, n: int) -> None:
+        """Forget the last ``n`` tokens (speculative decoding rejects drafted
+        tokens; the cache protocol of :mod:`attention_lib.protocols`).
+
+        Raises:
+            ValueError: if ``n`` is not in ``[0, len(self)]``, or the cache has
+                dropped tokens (a rolling cache cannot get them back, and the
+                tokens after the crop would need them).
+        """
+        n = check_int("n", n, minimum=0)
+        if n > len(self) or (n and self.dropped):
+            raise ValueError(f"cannot crop {n} of {len(self)} held tokens ({self.dropped} dropped)")
+        if n and self.key is not None and self.value is not None:
+            self.key, self.value = self.key[..., : len(self) - n, :], self.value[..., :-n, :]
+
     def check_fits(
         self, batch: int, kv_heads: int, d_k: int, dtype: torch.dtype, device: torch.device
     ) -> None:
@@ -170,6 +198,19 @@ class ChunkKVCache(LayerKVCache):
             self.key, self.value = (t[..., drop:, :].clone() for t in (key, value))
             self.dropped += drop
         return key, value
+
+    def crop(self, n: int) -> None:
+        """Forget the last ``n`` tokens of the current chunk (the chunks before
+        it are never read again).
+
+        Raises:
+            ValueError: if ``n`` is not in ``[0, len(self)]``.
+        """
+        n = check_int("n", n, minimum=0)
+        if n > len(self):
+            raise ValueError(f"cannot crop {n} tokens: the current chunk holds {len(self)}")
+        if n and self.key is not None and self.value is not None:
+            self.key, self.value = self.key[..., : len(self) - n, :], self.value[..., :-n, :]
 
 
 class KVCache:

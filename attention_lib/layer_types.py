@@ -30,15 +30,39 @@ and one without softmax, ``"linear"``: a
 layer) whose cache is a fixed-size
 :class:`~attention_lib.gated_deltanet.LayerStateCache` (chapter 16).
 
-A new kind of layer is one more entry (:func:`register_layer_type`), not a new
-branch in the model.
+and two latent ones (chapter 15): ``"mla"``, a
+:class:`~attention_lib.MultiHeadLatentAttention` (DeepSeek-V3's MLA, with
+``absorb`` as an option), and ``"dsa"``, the same with DeepSeek-V3.2's
+lightning indexer (``index_topk`` required); both cache a
+:class:`~attention_lib.LatentKVCache`. Their sizes are options of the layer
+(``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+``v_head_dim``, ``q_lora_rank``, ``index_heads``, ``index_head_dim``), by
+default derived from ``d_k = d_model // num_heads``.
+
+**Per-layer options as values.** A layer of a model is a :class:`LayerSpec`,
+a small frozen value: the name of its type and its own options, e.g.
+``LayerSpec("sliding", window=512, sink=True)`` or ``LayerSpec("full",
+rope_base=None)`` (a NoPE layer). ``CausalLM(layer_types=[...])`` takes names
+or specs; a name is a spec without options, and a spec's options override the
+model-wide ones.
+
+**Extending the table.** ``CausalLM(..., layer_table={**LAYER_TYPES,
+"mine": LayerType(make_mixer, make_cache)})`` uses a table of its own: nothing
+global changes. :data:`LAYER_TYPES` is the default table, and also a
+registry: :func:`register_layer_type` adds a name to it for every later model
+of the process, :func:`unregister_layer_type` removes it again.
+
+Every mixer the table builds follows the mixer protocol of
+:mod:`attention_lib.protocols` (``mix``, ``make_cache``), and every cache the
+cache protocol.
 
 Explained in chapter 14, *Long contexts*.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from torch import nn
@@ -46,6 +70,8 @@ from torch import nn
 from .gated_deltanet import GatedDeltaNet, LayerStateCache
 from .kv_cache import ChunkKVCache, LayerKVCache
 from .mha import MultiHeadAttention
+from .mla import LatentKVCache, MultiHeadLatentAttention
+from .validation import check_choice, check_instance
 
 
 class LayerType(NamedTuple):
@@ -94,19 +120,138 @@ def _linear(
     return GatedDeltaNet(d_model, num_heads)
 
 
-#: The layer types of ``CausalLM(layer_types=...)``, by name.
+#: Model-wide options a latent layer does not use (MultiHeadAttention's only).
+_NOT_LATENT = {"backend", "rope_scaling", "num_kv_heads", "window", "chunk_size"}
+
+
+def _latent(sparse: bool) -> Callable[..., nn.Module]:
+    """The ``make_mixer`` of ``"mla"`` (``sparse=False``) or ``"dsa"``."""
+
+    def make_mixer(
+        d_model: int,
+        num_heads: int,
+        *,
+        dropout: float,
+        rope_base: float | None = None,
+        kv_lora_rank: int | None = None,
+        qk_nope_head_dim: int | None = None,
+        qk_rope_head_dim: int | None = None,
+        v_head_dim: int | None = None,
+        index_topk: int | None = None,
+        index_head_dim: int | None = None,
+        **options: Any,
+    ) -> nn.Module:
+        name = "dsa" if sparse else "mla"
+        own = {"q_lora_rank", "absorb", "index_heads", "scale", "bias", "device", "dtype"}
+        given = {k for k, v in options.items() if v not in (None, False)} - _NOT_LATENT - own
+        if dropout or given:
+            raise ValueError(f"an {name!r} layer takes no dropout and none of {sorted(given)}")
+        if sparse != (index_topk is not None):
+            raise ValueError(f"index_topk is for 'dsa' layers (required there), got {index_topk}")
+        d_k = d_model // num_heads
+        rope = qk_rope_head_dim or max(2, d_k // 2 // 2 * 2)  # even
+        latent = {k: v for k, v in options.items() if k in own}
+        if sparse:
+            latent |= {"index_topk": index_topk, "index_head_dim": index_head_dim or 2 * rope}
+        return MultiHeadLatentAttention(
+            d_model,
+            num_heads,
+            kv_lora_rank=kv_lora_rank or 2 * d_k,
+            qk_nope_head_dim=qk_nope_head_dim or d_k,
+            qk_rope_head_dim=rope,
+            v_head_dim=v_head_dim or d_k,
+            rope_base=10000.0 if rope_base is None else rope_base,
+            **latent,
+        )
+
+    return make_mixer
+
+
+#: The layer types of ``CausalLM(layer_types=...)``, by name (the default table).
 LAYER_TYPES: dict[str, LayerType] = {
     "full": LayerType(_attention(), lambda mixer: LayerKVCache()),
     "sliding": LayerType(_attention("window"), lambda mixer: LayerKVCache(window=mixer.window)),
     "chunked": LayerType(_attention("chunk_size"), lambda mixer: ChunkKVCache(mixer.chunk_size)),
     "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 16
+    "mla": LayerType(_latent(False), lambda mixer: LatentKVCache()),  # chapter 15
+    "dsa": LayerType(_latent(True), lambda mixer: LatentKVCache()),
 }
+
+
+@dataclass(frozen=True, init=False)
+class LayerSpec:
+    """One layer of a model as a value: its layer type and its own options.
+
+    ``LayerSpec("sliding", window=512, sink=True)``; ``LayerSpec("full",
+    rope_base=None)`` is a NoPE layer; ``LayerSpec("dsa", index_topk=64)``.
+    Frozen: a model keeps the specs it was built from (``model.layer_specs``).
+
+    The per-layer values of chapter 14's layer types (not yet used by the
+    chapter itself).
+
+    Args:
+        kind: a name of the model's layer table (default :data:`LAYER_TYPES`).
+        **options: the layer's options, passed to its type's ``make_mixer``;
+            they override the model-wide ones.
+
+    Raises:
+        TypeError: if ``kind`` is not a str.
+    """
+
+    kind: str
+    options: tuple[tuple[str, Any], ...]
+
+    def __init__(self, kind: str = "full", **options: Any) -> None:
+        check_instance("kind", kind, str, "a layer type name (str)")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "options", tuple(sorted(options.items())))
+
+    def __repr__(self) -> str:
+        shown = "".join(f", {k}={v!r}" for k, v in self.options)
+        return f"LayerSpec({self.kind!r}{shown})"
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> LayerSpec:
+        """This spec with ``defaults`` under its own options (its own win)."""
+        return LayerSpec(self.kind, **{**defaults, **dict(self.options)})
+
+    def build(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        dropout: float = 0.0,
+        table: Mapping[str, LayerType] | None = None,
+    ) -> nn.Module:
+        """The layer's token mixer: ``table[kind].make_mixer(d_model, num_heads,
+        dropout=dropout, **options)``.
+
+        Raises:
+            ValueError: if ``kind`` is not in ``table``, or from ``make_mixer``.
+        """
+        table = LAYER_TYPES if table is None else table
+        check_choice("layer type", self.kind, tuple(table))
+        return table[self.kind].make_mixer(
+            d_model, num_heads, dropout=dropout, **dict(self.options)
+        )
+
+
+def unregister_layer_type(name: str) -> None:
+    """Remove ``name`` from :data:`LAYER_TYPES` (undo :func:`register_layer_type`).
+
+    Raises:
+        ValueError: if ``name`` is not in the table.
+    """
+    check_choice("name", name, tuple(LAYER_TYPES))
+    del LAYER_TYPES[name]
 
 
 def register_layer_type(
     name: str, make_mixer: Callable[..., nn.Module], make_cache: Callable[[nn.Module], Any]
 ) -> None:
-    """Add a layer type to :data:`LAYER_TYPES` (or replace one of the same name).
+    """Add a layer type to :data:`LAYER_TYPES` (or replace one of the same name), for
+    every model built later in the process; :func:`unregister_layer_type` removes
+    it. A model can also take a table of its own, ``CausalLM(...,
+    layer_table=...)``, which changes nothing global.
 
     Explained in chapter 14, *Long contexts*.
 

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .backends import BACKENDS, lib_attention
-from .kv_cache import LayerKVCache
+from .kv_cache import ChunkKVCache, LayerKVCache
 from .masks import Causal
+from .protocols import Step
 from .rope import check_d_head, check_rope_scaling, rope_cos_sin, rotate_pairs
 from .tiled import check_block_size
 from .validation import (
@@ -275,14 +276,15 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self,
         query: Tensor,
-        key: Tensor,
-        value: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
         mask: Tensor | None = None,
         *,
         is_causal: bool = False,
         need_weights: bool = False,
         kv_cache: LayerKVCache | None = None,
         positions: Tensor | None = None,
+        step: Step | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value`` with every head.
 
@@ -319,6 +321,12 @@ class MultiHeadAttention(nn.Module):
                 tokens, ``(Lq,)`` or ``(B, Lq)`` (self-attention, ``Lq == Lk``);
                 ``None`` means ``p, p + 1, ...`` after the ``p`` positions the
                 cache has seen. Ignored without RoPE.
+            step: the unchecked path of a model's self-attention sublayer (the
+                mixer protocol of :mod:`attention_lib.protocols`): a
+                :class:`~attention_lib.protocols.Step` the model prepared and
+                validated; ``query`` is the layer's input and only
+                ``kv_cache`` and ``need_weights`` are read besides. ``None``
+                (default): the checked call described above.
 
         Returns:
             ``output (B, Lq, d_model)``, or ``(output, weights)`` with
@@ -336,6 +344,8 @@ class MultiHeadAttention(nn.Module):
                 batch, heads, head width or dtype, ``positions`` that do not fit,
                 or a ``window`` without ``is_causal``.
         """
+        if step is not None:  # a model's call (the mixer protocol): checked by the model
+            return self.mix(query, step, kv_cache, need_weights=need_weights)
         weight = self.W_q.weight
         for name, t in (("query", query), ("key", key), ("value", value)):
             if check_tensor(name, t, min_dim=3).dim() != 3 or t.shape[-1] != self.d_model:
@@ -407,12 +417,83 @@ class MultiHeadAttention(nn.Module):
         with the backend, merge and project. ``keep`` is ``None`` or a bool
         keep-mask and ``causal`` ``None`` or a :class:`~attention_lib.masks.Causal`,
         as :meth:`forward` prepares them."""
+        angles = None
+        if self.rope_base is not None:
+            angles = rope_cos_sin(
+                positions, self.d_k, base=self.rope_base, dtype=query.dtype, scaling=self._scaling
+            )  # (.., L, d_k / 2) each
+        return self._attend(query, key, value, keep, causal, need_weights, kv_cache, angles)
+
+    def mix(
+        self,
+        x: Tensor,
+        step: Step,
+        cache: LayerKVCache | None,
+        *,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Self-attention of the new tokens ``x`` as a decoder's token mixer (the
+        protocol of :mod:`attention_lib.protocols`): the ``step`` the model
+        prepared once (positions, RoPE tables, padding, causality), no checks.
+
+        Explained in chapter 8, *Attention that writes*.
+        """
+        past = 0 if cache is None else len(cache)
+        keep = step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L) or None
+        causal = Causal(past, self.window, self.chunk_size) if step.causal else None
+        angles = None
+        if self.rope_base is not None:
+            angles = step.rope(self.d_k, self.rope_base, x.dtype, self._scaling)
+        return self._attend(x, x, x, keep, causal, need_weights, cache, angles)
+
+    def check_cache(
+        self, cache: object, batch: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Refuse a ``cache`` this layer cannot continue for a batch of ``batch``
+        rows of ``dtype`` on ``device``: what :meth:`forward` checks of its
+        ``kv_cache``, for a model that validates every layer's cache once.
+
+        Raises:
+            TypeError: if ``cache`` is not a :class:`~attention_lib.LayerKVCache`.
+            ValueError: naming what does not fit.
+        """
+        if not isinstance(cache, LayerKVCache):
+            raise TypeError(f"kv_cache must be a LayerKVCache, got {type(cache).__name__}")
+        cache.check_fits(batch, self.num_kv_heads, self.d_k, dtype, device)
+        if self.chunk_size and (cache.dropped % self.chunk_size or cache.sink_tokens is not None):
+            raise ValueError(f"kv_cache does not start a chunk of {self.chunk_size}: ChunkKVCache")
+        if dict(self._scaling or ()).get("rope_type") == "dynamic":
+            raise ValueError("dynamic RoPE scaling changes with the length: no kv_cache")
+
+    def make_cache(self) -> LayerKVCache:
+        """An empty cache of what this layer can see: a
+        :class:`~attention_lib.ChunkKVCache` with ``chunk_size``, a rolling
+        :class:`~attention_lib.LayerKVCache` with ``window``, else a full one.
+
+        Explained in chapter 14, *Long contexts*.
+        """
+        if self.chunk_size is not None:
+            return ChunkKVCache(self.chunk_size)
+        return LayerKVCache(window=self.window)
+
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        keep: Tensor | None,
+        causal: Causal | None,
+        need_weights: bool,
+        kv_cache: LayerKVCache | None,
+        angles: tuple[Tensor, Tensor] | None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`attend` with the RoPE ``(cos, sin)`` tables already computed."""
         batch, q_len, _ = query.shape
         q, k, v = self._project(query, key, value)  # (B, H, Lq, d_k), 2 x (B, H_kv, Lk, d_k)
         if self.q_norm is not None:  # QK-norm: unit RMS per head, then a learned weight
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope_base is not None:
-            q, k = self._rotate(q, k, positions)
+        if angles is not None:
+            q, k = self._rotate(q, k, *angles)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, T + Lk, d_k): cached keys first
         options = {
@@ -461,14 +542,12 @@ class MultiHeadAttention(nn.Module):
         x = x.view(batch, length, heads, self.d_k)  # (B, L, heads, d_k)
         return x.transpose(1, 2)  # (B, heads, L, d_k)
 
-    def _rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` at
-        ``positions`` ``(L,)`` or ``(B, L)`` (the first ``Lq``/``Lk`` of them)."""
+    def _rotate(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` with the
+        ``cos``/``sin`` ``(L, d_k / 2)`` or ``(B, L, d_k / 2)`` of their positions
+        (the first ``Lq``/``Lk`` of them)."""
         q_len, k_len = q.shape[-2], k.shape[-2]
-        cos, sin = rope_cos_sin(
-            positions, self.d_k, base=self.rope_base, dtype=q.dtype, scaling=self._scaling
-        )
-        if positions.dim() == 2:  # per-sequence positions: broadcast over the heads
+        if cos.dim() == 3:  # per-sequence positions: broadcast over the heads
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d_k / 2)
         q = rotate_pairs(q, cos[..., :q_len, :], sin[..., :q_len, :])  # (B, H, Lq, d_k)
         return q, rotate_pairs(k, cos[..., :k_len, :], sin[..., :k_len, :])  # (B, H_kv, Lk, d_k)

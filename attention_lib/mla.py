@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .dsa import LightningIndexer, select_top_k, top_k_mask
 from .masks import Causal, with_causal
+from .protocols import Step
 from .rope import check_d_head, rope_cos_sin, rotate_pairs
 from .sdpa import attend
 from .validation import (
@@ -78,6 +79,28 @@ class LatentKVCache:
         """Bytes held by the cache."""
         held = [t for t in (self.latent, self.rope_key, self.index_key) if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the batch rows ``rows`` (a 1-D integer tensor), in that order
+        (the cache protocol of :mod:`attention_lib.protocols`). No checks."""
+        if self.latent is not None:
+            self.latent, self.rope_key = self.latent[rows], self.rope_key[rows]
+            self.index_key = None if self.index_key is None else self.index_key[rows]
+
+    def crop(self, n: int) -> None:
+        """Forget the last ``n`` tokens.
+
+        Raises:
+            ValueError: if ``n`` is not in ``[0, len(self)]``.
+        """
+        n = check_int("n", n, minimum=0)
+        if n > len(self):
+            raise ValueError(f"cannot crop {n} tokens: the cache holds {len(self)}")
+        if n:
+            held = (self.latent, self.rope_key, self.index_key)
+            self.latent, self.rope_key, self.index_key = (
+                None if t is None else t[:, : t.shape[1] - n] for t in held
+            )
 
     def layout(self) -> tuple | None:
         """``(B, kv_lora_rank, qk_rope_head_dim, d_I or 0, dtype, device)`` of what
@@ -279,6 +302,8 @@ class MultiHeadLatentAttention(nn.Module):
         is_causal: bool = False,
         kv_cache: LatentKVCache | None = None,
         positions: Tensor | None = None,
+        step: Step | None = None,
+        need_weights: bool = False,
     ) -> Tensor:
         """Self-attention of the tokens ``x (B, L, d_model)``, after the cached ones.
 
@@ -299,6 +324,12 @@ class MultiHeadLatentAttention(nn.Module):
                 and the queries attend to everything it holds.
             positions: integer positions of the new tokens, ``(L,)`` or
                 ``(B, L)``; ``None`` means ``T_cached, T_cached + 1, ...``.
+            step: a model's call (the mixer protocol of
+                :mod:`attention_lib.protocols`): the
+                :class:`~attention_lib.protocols.Step` it prepared and
+                validated; only ``kv_cache`` is read besides. ``None``: the
+                checked call.
+            need_weights: must be ``False`` (no weights are returned).
 
         Returns:
             ``(B, L, d_model)``.
@@ -311,6 +342,10 @@ class MultiHeadLatentAttention(nn.Module):
                 that do not fit, a per-head mask with ``index_topk``, or a
                 cache filled by another layer shape, batch or dtype.
         """
+        if step is not None:  # a model's call (the mixer protocol): checked by the model
+            return self.mix(x, step, kv_cache, need_weights=need_weights)
+        if check_bool("need_weights", need_weights):
+            raise ValueError("MultiHeadLatentAttention returns no attention weights")
         weight = self.W_o.weight
         if check_tensor("x", x, min_dim=3).dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, L, {self.d_model}), got {tuple(x.shape)}")
@@ -357,6 +392,63 @@ class MultiHeadLatentAttention(nn.Module):
         """The computation of :meth:`forward`, without checks: ``keep`` is a bool
         keep-mask or ``None``, ``causal`` a :class:`~attention_lib.masks.Causal`
         or ``None``, ``positions`` integer ``(L,)`` or ``(B, L)``."""
+        angles = rope_cos_sin(positions, self.qk_rope_head_dim, base=self.rope_base, dtype=x.dtype)
+        return self._attend(x, keep, causal, kv_cache, angles)  # (.., L, d_r/2) each
+
+    def mix(
+        self,
+        x: Tensor,
+        step: Step,
+        cache: LatentKVCache | None,
+        *,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """Self-attention of the new tokens ``x`` as a decoder's token mixer (the
+        protocol of :mod:`attention_lib.protocols`), with the ``step`` the model
+        prepared once; no checks. No weights: ``need_weights`` raises.
+
+        Explained in chapter 15, *Latent and sparse attention*.
+        """
+        if need_weights:
+            raise ValueError("MultiHeadLatentAttention returns no attention weights")
+        past = 0 if cache is None else len(cache)
+        keep = step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L) or None
+        angles = step.rope(self.qk_rope_head_dim, self.rope_base, x.dtype)
+        return self._attend(x, keep, Causal(past) if step.causal else None, cache, angles)
+
+    def check_cache(
+        self, cache: object, batch: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Refuse a ``cache`` this layer cannot continue (what :meth:`forward`
+        checks of its ``kv_cache``), for a model that checks every layer's once.
+
+        Raises:
+            TypeError: if ``cache`` is not a :class:`LatentKVCache`.
+            ValueError: if it was filled by another layer shape, batch or dtype.
+        """
+        if not isinstance(cache, LatentKVCache):
+            raise TypeError(f"kv_cache must be a LatentKVCache, got {type(cache).__name__}")
+        index_width = 0 if self.indexer is None else self.indexer.head_dim
+        ours = (batch, self.kv_lora_rank, self.qk_rope_head_dim, index_width)
+        if cache.layout() not in (None, (*ours, dtype, device)):
+            raise ValueError(f"kv_cache holds {cache.layout()}, not {ours}, {dtype}")
+
+    def make_cache(self) -> LatentKVCache:
+        """An empty :class:`LatentKVCache` for this layer.
+
+        Explained in chapter 15, *Latent and sparse attention*.
+        """
+        return LatentKVCache()
+
+    def _attend(
+        self,
+        x: Tensor,
+        keep: Tensor | None,
+        causal: Causal | None,
+        kv_cache: LatentKVCache | None,
+        angles: tuple[Tensor, Tensor],
+    ) -> Tensor:
+        """:meth:`attend` with the RoPE ``(cos, sin)`` tables already computed."""
         batch, length, _ = x.shape
         heads, d_nope, d_rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
         q_source = x if self.W_q is not None else self.q_norm(self.W_dq(x))  # (B, L, d_q)
@@ -364,9 +456,7 @@ class MultiHeadLatentAttention(nn.Module):
         q_nope, q_rope = q.transpose(1, 2).split([d_nope, d_rope], dim=-1)  # (B, H, L, d_*)
         latent, k_rope = self.W_dkv(x).split([self.kv_lora_rank, d_rope], dim=-1)  # (B, L, d_*)
         latent = self.kv_norm(latent)  # (B, L, d_c)
-        cos, sin = rope_cos_sin(
-            positions, d_rope, base=self.rope_base, dtype=x.dtype
-        )  # (.., L, d_r/2)
+        cos, sin = angles  # (.., L, d_r/2)
         head_angles = (
             (cos[:, None], sin[:, None]) if cos.dim() == 3 else (cos, sin)
         )  # .., 1, L, d_r/2

@@ -290,13 +290,43 @@ class PagedLayer(LayerKVCache):
     def __init__(self, batch: PagedBatch, index: int) -> None:
         super().__init__()
         self.batch, self.index = batch, index
+        self.added = 0  # the new tokens written by update (0 before it)
 
     def __len__(self) -> int:
-        return self.batch.past
+        """Columns of keys held: the batch's ``T``, then ``T + num_new`` once written."""
+        return self.batch.past + self.added
 
     @property
     def position(self) -> int:
-        return self.batch.past
+        return self.batch.past + self.added
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this layer's share of the blocks the batch's sequences hold."""
+        return self.batch.nbytes // self.batch.pool.key.shape[0]
+
+    @property
+    def numbers_per_token(self) -> int:
+        """``2 * H_kv * d_k``: a key and a value per head."""
+        return 2 * self.batch.pool.key.shape[-2] * self.batch.pool.key.shape[-1]
+
+    def select(self, rows: Tensor) -> None:
+        """Refused: a :class:`PagedBatch` is the view of one step; drop a
+        sequence with :meth:`PagedKVCache.free_sequence` (the next step's
+        batch leaves it out), copy one with :meth:`PagedKVCache.fork`.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("a PagedBatch is one step's view: use PagedKVCache.free_sequence/fork")
+
+    def crop(self, n: int) -> None:
+        """Refused: a :class:`PagedBatch` is the view of one step (see :meth:`select`).
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("a PagedBatch is one step's view: crop a sequence in its PagedKVCache")
 
     def check_fits(
         self, batch: int, kv_heads: int, d_k: int, dtype: torch.dtype, device: torch.device
@@ -315,4 +345,5 @@ class PagedLayer(LayerKVCache):
             flat = pool[self.index].view(-1, *pool.shape[-2:])  # (blocks * size, H_kv, d_k)
             flat[self.batch.write] = new.transpose(1, 2)  # (B, L, H_kv, d_k) into the slots
             out.append(flat[self.batch.read].transpose(1, 2))  # (B, H_kv, T + L, d_k)
+        self.added = self.batch.num_new
         return out[0], out[1]

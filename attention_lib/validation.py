@@ -54,10 +54,12 @@ def check_same(what: str, **values: object) -> None:
 def check_broadcast(name: str, *shapes: Sequence[int], target: Sequence[int] | None = None):
     """The shapes must broadcast together (to ``target`` exactly, if given); returns the result.
     (Plain Python: ``torch.broadcast_shapes`` costs tens of microseconds per call.)"""
-    shapes_all = [tuple(shape) for shape in (*shapes, *([] if target is None else [target]))]
+    shapes_all = list(map(tuple, shapes)) + ([] if target is None else [tuple(target)])
     ndim = max(map(len, shapes_all))
-    result = []
-    for sizes in zip(*[(1,) * (ndim - len(shape)) + shape for shape in shapes_all]):
+    padded, result = [], []  # loops, not comprehensions: no inner frame per call
+    for shape in shapes_all:
+        padded.append((1,) * (ndim - len(shape)) + shape)
+    for sizes in zip(*padded):
         kept = set(sizes) - {1}
         result.append(kept.pop() if len(kept) == 1 else (1 if not kept else None))
     result = None if None in result else tuple(result)

@@ -155,7 +155,7 @@ def test_clear_errors():
         generate(lm, ps, 2, eos_token_id=1.0)
     with pytest.raises(ValueError, match="positions"):
         lm(ids, positions=torch.full_like(ids, 48))
-    with pytest.raises(ValueError, match="no sinks"):  # StreamingLLM's cache: refused
+    with pytest.raises(ValueError, match="sink_tokens"):  # StreamingLLM's cache: refused
         lm(ids, cache=KVCache(window=4, sink_tokens=1), mask=mask)
     with pytest.raises(ValueError, match="mask"):
         lm(ids, mask=mask[:, 1:])  # must cover every token

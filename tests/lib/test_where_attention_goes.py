@@ -160,7 +160,7 @@ def test_streaming_llm_attends_to_the_sinks_and_the_recent_window(positional) ->
         # the same model in one pass, every layer under the StreamingLLM mask
         for layer in model.blocks.layers:
             layer.self_attn.register_forward_pre_hook(
-                lambda m, args, kwargs: (args[:3] + (keep,), {**kwargs, "is_causal": False}),
+                lambda m, args, kwargs: (args[:1] * 3 + (keep,), {"is_causal": False}),
                 with_kwargs=True,
             )
         reference = model(tokens)
