@@ -84,18 +84,18 @@ def test_the_signature_check_reads_a_garbled_signature() -> None:
 
 
 def test_every_explained_in_note_links_to_its_chapters() -> None:
-    html = built_html(API)
-    found = notes(html)
-    assert len(found) >= 40, f"{API}: only {len(found)} 'Explained in' notes found"
-    page_url = f"http://book/{API}.html"
-    missing = []
-    links = 0
-    for note in found:
-        links += len(note.select("a[href]"))
-        if unlinked(note, page_url):
-            missing.append((" ".join(note.get_text().split())[:60], unlinked(note, page_url)))
-    assert not missing, f"{len(missing)} of {len(found)} notes name unlinked chapters: {missing}"
-    assert links >= len(found), f"{links} chapter links in {len(found)} notes"
+    found, missing, links = 0, [], 0
+    for api_page in API_PAGES:
+        page_notes = notes(built_html(api_page))
+        found += len(page_notes)
+        page_url = f"http://book/{api_page}.html"
+        for note in page_notes:
+            links += len(note.select("a[href]"))
+            if unlinked(note, page_url):
+                missing.append((" ".join(note.get_text().split())[:60], unlinked(note, page_url)))
+    assert found >= 40, f"{API_PAGES}: only {found} 'Explained in' notes found"
+    assert not missing, f"{len(missing)} of {found} notes name unlinked chapters: {missing}"
+    assert links >= found, f"{links} chapter links in {found} notes"
 
 
 def test_the_check_finds_a_plain_chapter_number() -> None:
