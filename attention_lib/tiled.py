@@ -421,8 +421,9 @@ def block_backward(
     prepared the blocks). A query row whose ``lse`` is ``-inf`` (it saw no
     key) gets zero gradients.
 
-    Explained in chapter 10, *Efficient attention*; chapter 12 sends it
-    round a ring.
+    The step behind the backward pass of chapter 10's ``tiled_attention``,
+    which it and the ring attention of chapter 12 call; no chapter calls it
+    directly.
 
     Args:
         query: ``(..., Lq, d_k)`` the query block.

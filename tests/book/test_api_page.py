@@ -26,6 +26,7 @@ def reference() -> str:
     """The text of every page of the reference, the index first."""
     return "\n".join(p.read_text(encoding="utf-8") for p in API_PAGES)
 
+
 EVAL_RST = re.compile(r"^```\{eval-rst\}\n(.*?)^```", re.S | re.M)
 DIRECTIVE = re.compile(
     r"^\.\. (currentmodule|automodule|autofunction|autoclass|autodata|autoexception"

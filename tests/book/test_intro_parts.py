@@ -32,8 +32,7 @@ GLOSSARY = ROOT / "book" / "glossary.md"
 CATALOG_DIR = ROOT / "locale" / "zh_CN" / "LC_MESSAGES" / "book"
 
 # words that announce a chapter as missing, in either edition
-STALE_EN = re.compile(r"\bplanned\b|still being written|not (?:yet )?written|coming soon",
-                      re.I)
+STALE_EN = re.compile(r"\bplanned\b|still being written|not (?:yet )?written|coming soon", re.I)
 STALE_ZH = re.compile(r"计划中|尚未写|仍在写|正在写|待写|即将推出")
 CHAPTER_LINK = re.compile(r"\]\((\d\d_[a-z0-9_]+)\.ipynb(?:#[^)]*)?\)")
 ROW_LINK = re.compile(r"^\| \[(\d+)\\?\. [^\]]+\]\((\d\d_[a-z0-9_]+)\.ipynb\) \|", re.M)
@@ -57,8 +56,7 @@ def toc_chapters() -> list[str]:
 def intro_sections(text: str) -> dict[str, str]:
     """The text under each `### Part ...` heading of the intro, keyed by the heading."""
     pieces = re.split(r"^### (Part [^\n]+)\n", text, flags=re.M)
-    return {pieces[i].strip(): pieces[i + 1].split("\n## ")[0]
-            for i in range(1, len(pieces), 2)}
+    return {pieces[i].strip(): pieces[i + 1].split("\n## ")[0] for i in range(1, len(pieces), 2)}
 
 
 def catalog_messages(name: str) -> list[tuple[str, str]]:
@@ -80,7 +78,8 @@ def test_every_part_of_the_toc_is_described_by_the_intro_in_order() -> None:
     for caption, stems in toc_parts():
         rows = ROW_LINK.findall(sections[caption])
         assert [stem for _, stem in rows] == stems, (
-            f"{caption}: the intro's table must link each chapter of the part, in order")
+            f"{caption}: the intro's table must link each chapter of the part, in order"
+        )
         for number, stem in rows:
             assert int(number) == int(stem[:2]), f"row '{number}.' links {stem}"
 
@@ -116,25 +115,32 @@ def test_the_chinese_edition_links_the_same_chapters(name: str) -> None:
 
 
 def test_the_chinese_intro_links_every_chapter() -> None:
-    linked = {stem for _, msgstr in catalog_messages("intro")
-              for stem in CHAPTER_LINK.findall(msgstr)}
+    linked = {
+        stem for _, msgstr in catalog_messages("intro") for stem in CHAPTER_LINK.findall(msgstr)
+    }
     missing = [stem for stem in toc_chapters() if stem not in linked]
     assert not missing, f"chapters the Chinese intro does not link: {missing}"
 
 
 @pytest.mark.parametrize("name", ["intro", "glossary"])
 def test_the_chinese_edition_announces_no_planned_chapter(name: str) -> None:
-    stale = [(m.group(0), msgstr) for _, msgstr in catalog_messages(name)
-             for m in STALE_ZH.finditer(msgstr)]
+    stale = [
+        (m.group(0), msgstr)
+        for _, msgstr in catalog_messages(name)
+        for m in STALE_ZH.finditer(msgstr)
+    ]
     assert not stale, f"{name}.po calls a chapter missing, but all exist: {stale[:3]}"
 
 
 def test_the_checks_can_fail() -> None:
     """The patterns catch the wording this file was written against."""
-    old_intro = ("the fourth, still being written, follows it to the frontier. "
-                 "Chapters marked *planned* are not written yet.")
+    old_intro = (
+        "the fourth, still being written, follows it to the frontier. "
+        "Chapters marked *planned* are not written yet."
+    )
     assert len(STALE_EN.findall(old_intro)) == 3
     assert STALE_ZH.search("第四部分（仍在写作中）则跟着它走到前沿。标为*计划中*的章节尚未写成。")
     assert ROW_LINK.findall("| [7. Attention](07_learned_attention.ipynb) | a | b |\n") == [
-        ("7", "07_learned_attention")]
+        ("7", "07_learned_attention")
+    ]
     assert not ROW_LINK.findall("| 7. Attention that has learned something | a | b |\n")
