@@ -38,17 +38,9 @@ RAW_TEX_JS = """async () => {
     return out;
 }"""
 
-# A page whose fix is another owner's, not landed yet: docname -> reason.
-KNOWN = {
-    "book/13_where_attention_goes": "chapter 13's \\texttt{query\\_pre\\_attn\\_scalar} is fixed by "
-    "its owner; the fix was not committed when this test was (issue 44, item 6)",
-}
-
 
 @pytest.mark.parametrize("page", PAGES)
-def test_no_raw_tex_is_shown(loaded, request: pytest.FixtureRequest, page: str) -> None:
-    if page in KNOWN:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN[page], strict=False))
+def test_no_raw_tex_is_shown(loaded, page: str) -> None:
     if not built_html(page):
         pytest.skip(f"{page} not built")
     found = loaded(page).page.evaluate(RAW_TEX_JS)
