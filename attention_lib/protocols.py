@@ -131,7 +131,7 @@ class Step:
         keep: ``None``, or the padding keep-mask ``(B, 1, 1, P + L)`` over
             every token so far (``P`` seen before the call): a layer whose
             cache holds ``T`` entries uses its last ``T + L`` columns
-            (:meth:`keep_for`).
+            (``keep_for``).
     """
 
     positions: Tensor

@@ -64,6 +64,12 @@ SUBMODULE_ONLY = {
     "attention_lib.layer_types.LayerType",
     "attention_lib.layer_types.register_layer_type",
     "attention_lib.layer_types.LAYER_TYPES",
+    "attention_lib.layer_types.LayerSpec",
+    "attention_lib.layer_types.unregister_layer_type",
+    # the protocols every token mixer and per-layer cache follows (issue 34)
+    "attention_lib.protocols.TokenMixer",
+    "attention_lib.protocols.LayerCache",
+    "attention_lib.protocols.Step",
     # the display kit's result tables, for chapter owners to adopt (issue 44, item 5)
     "attention_lib.show.table.table",
     "attention_lib.show.table.Table",
