@@ -309,3 +309,16 @@ document.addEventListener("DOMContentLoaded", () => {
     menu.appendChild(item);
   }
 });
+
+// The chapter list's toggles: a page with sub-pages (the API reference) opens with a
+// <summary> that holds only an icon. It gets a name, for screen readers (axe-core's
+// summary-name rule): the page whose sub-pages it shows.
+document.addEventListener("DOMContentLoaded", () => {
+  const zh = document.documentElement.lang.startsWith("zh");
+  for (const summary of document.querySelectorAll("details > summary")) {
+    if (summary.textContent.trim() || summary.hasAttribute("aria-label")) continue;
+    const link = summary.closest("li")?.querySelector(":scope > a");
+    const page = link ? link.textContent.trim() : "";
+    summary.setAttribute("aria-label", zh ? `${page}：展开或收起子页面` : `Pages under ${page}`);
+  }
+});
