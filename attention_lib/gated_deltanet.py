@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .linear_attention import gated_delta_rule
+from .linear_attention import gated_delta_core
 from .protocols import Step
-from .validation import check_instance, check_int, check_same, check_tensor
+from .validation import check_int, check_same, check_tensor
 
 
 def _nbytes(t: Tensor | None) -> int:
@@ -199,14 +199,9 @@ class GatedDeltaNet(nn.Module):
         others = [t for t in (key, value) if t is not None and t is not x]
         if mask is not None or need_weights or not is_causal or others:
             raise ValueError("GatedDeltaNet mixes x causally with itself: no mask, no weights")
-        cache = kv_cache
-        if cache is not None:
-            check_instance("kv_cache", cache, LayerStateCache, "a LayerStateCache or None")
-            # the state is float32 for float16 / bfloat16 x (gated_delta_rule's precision)
-            want = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-            held = (len(x), want) if cache.state is None else (len(cache.state), cache.state.dtype)
-            check_same("(batch, dtype)", cache=held, x=(len(x), want))
-        return self._mix(x, cache)
+        if kv_cache is not None:
+            self.check_cache(kv_cache, len(x), x.dtype, x.device)
+        return self._mix(x, kv_cache)
 
     def mix(
         self, x: Tensor, step: Step, cache: LayerStateCache | None, *, need_weights: bool = False
@@ -259,15 +254,15 @@ class GatedDeltaNet(nn.Module):
         q, k = (t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))  # unit
         beta = self.W_b(x).sigmoid().transpose(1, 2)  # (B, H, L): write strength
         g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)  # (B, L, H): log-decay
-        out, state = gated_delta_rule(
+        out, state = gated_delta_core(  # x was checked (by forward or the model): no checks
             q,
             k,
             v,
             g.transpose(1, 2),
             beta,
+            None if cache is None else cache.state,
+            scale=None,
             chunk_size=None if L == 1 else self.chunk_size,
-            initial_state=None if cache is None else cache.state,
-            output_final_state=True,
         )  # (B, H, L, d), (B, H, d, d)
         if cache is not None:
             cache.state, cache.position = state, cache.position + L

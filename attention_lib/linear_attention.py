@@ -285,13 +285,38 @@ def gated_delta_rule(
         chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     check_bool("output_final_state", output_final_state)
     B, H, _, d_k = key.shape
-    given = {"g": g, "beta": beta}
     if initial_state is not None:
         shape = check_tensor("initial_state", initial_state, min_dim=4).shape
         check_same("shape", initial_state=shape, expected=(B, H, d_k, value.shape[-1]))
-        given["initial_state"] = initial_state
         check_same("device", query=query.device, initial_state=initial_state.device)
-    out_dtype, dtype = query.dtype, _compute_dtype(query, *given.values())
+    out, state = gated_delta_core(
+        query, key, value, g, beta, initial_state, scale=scale, chunk_size=chunk_size
+    )
+    return (out, state) if output_final_state else out
+
+
+def gated_delta_core(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None,
+    *,
+    scale: float | None,
+    chunk_size: int | None,
+) -> tuple[Tensor, Tensor]:
+    """The core of :func:`gated_delta_rule`, without checks.
+
+    The arguments are those of :func:`gated_delta_rule` (chapter 16), already
+    validated by the caller (a model's layer, whose model checked its input
+    once). Returns ``(output, final_state)``: the output in ``query``'s dtype,
+    the state in the computing dtype (the widest of the inputs', at least
+    float32).
+    """
+    B, H, _, d_k = key.shape
+    given = (g, beta) if initial_state is None else (g, beta, initial_state)
+    out_dtype, dtype = query.dtype, _compute_dtype(query, *given)
     query, key, value, g, beta = (t.to(dtype) for t in (query, key, value, g, beta))
     if initial_state is None:
         initial_state = key.new_zeros(B, H, d_k, value.shape[-1])
@@ -303,14 +328,13 @@ def gated_delta_rule(
     else:
         size = min(chunk_size, key.shape[-2])  # no padding past the last token
         out, state = _delta_chunked(query, key, value, g, beta, initial_state, size)
-    out = out.to(out_dtype)
-    return (out, state) if output_final_state else out
+    return out.to(out_dtype), state
 
 
 def _delta_recurrent(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """The recurrent form of :func:`gated_delta_rule`, without checks (``q``
+    """The recurrent form of :func:`gated_delta_core` (``q``
     already scaled). Returns ``(output, final_state)``."""
     outputs = []
     for t in range(q.shape[-2]):
@@ -326,7 +350,7 @@ def _delta_recurrent(
 def _delta_chunked(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, size: int
 ) -> tuple[Tensor, Tensor]:
-    """The chunked form of :func:`gated_delta_rule`, without checks (``q``
+    """The chunked form of :func:`gated_delta_core` (``q``
     already scaled). Returns ``(output, final_state)``.
 
     Inside a chunk with state ``S_0`` at its start and cumulative log-decay

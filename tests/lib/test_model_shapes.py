@@ -177,7 +177,9 @@ def _decode_calls(num_layers: int, **options) -> int:
     "options",
     [{}, {"positional": "rope", "num_kv_heads": 2},
      {"layer_types": ["mla", "sliding", LayerSpec("dsa", index_topk=2), "full"], "window": 4,
-      "positional": "rope"}],
+      "positional": "rope"},
+     {"layer_types": ["linear", "linear", "linear", "full"], "positional": "rope"},
+     {"layer_types": ["linear", "chunked", "mla", "sliding"], "window": 4, "chunk_size": 4}],
 )  # fmt: skip
 def test_one_decoded_token_makes_a_few_validation_calls_whatever_the_depth(options) -> None:
     four = _decode_calls(4, **options)
