@@ -1,5 +1,11 @@
 """Converting attention layers of other libraries into :class:`~attention_lib.MultiHeadAttention`.
 
+The one home of the conversion code: :class:`AttentionConverters` holds the
+converters, which :class:`~attention_lib.MultiHeadAttention` inherits as its
+classmethods ``from_torch``, ``from_hf_llama`` and ``from_hf`` (this module
+does not import ``attention_lib.mha``: a converter builds ``cls``, so
+there is no import cycle).
+
 A converter copies a layer's weights and reads its options. It either builds a
 module that computes the same function as the layer, or refuses the layer with
 a ``ValueError`` that names what it cannot reproduce: it never converts a layer
@@ -18,12 +24,11 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
 
-from .mha import MultiHeadAttention
 from .rope import ROPE_SCALING_FIELDS, apply_rope, rope_frequencies, rope_permutation
 from .validation import check_instance
 
@@ -75,225 +80,242 @@ def layer_options_from_hf(config: Any) -> dict[str, Any]:
     }
 
 
-def from_torch(module: nn.MultiheadAttention, *, backend: str = "lib") -> MultiHeadAttention:
-    """Build a module that computes the same function as a batch-first
-    ``nn.MultiheadAttention``.
+class AttentionConverters:
+    """The converters of :class:`~attention_lib.MultiHeadAttention`, which it
+    inherits: each builds ``cls`` from a layer of another library, or refuses
+    the layer with a ``ValueError`` naming what it cannot reproduce.
 
-    Copies ``in_proj_weight``/``in_proj_bias`` (rows ``[0, d)``, ``[d, 2d)``,
-    ``[2d, 3d)`` are the query, key and value projections) into ``W_q``,
-    ``W_k``, ``W_v`` and ``out_proj`` into ``W_o``; dropout, device and dtype
-    are kept. Remember to convert masks: torch's bool ``True`` = blocked, ours
-    ``True`` = may attend (``mask = ~attn_mask``; a ``key_padding_mask (B, Lk)``
-    becomes ``~key_padding_mask[:, None, None, :]``).
-
-    Explained in chapter 6, *Multi-head attention*.
-
-    Args:
-        module: an ``nn.MultiheadAttention`` built with ``batch_first=True``
-            and without ``kdim``/``vdim``, ``add_bias_kv`` or ``add_zero_attn``.
-        backend: attention backend of the new module.
-
-    Returns:
-        A new :class:`~attention_lib.MultiHeadAttention` with copied
-        parameters, in the training/eval mode of ``module``.
-
-    Raises:
-        TypeError: if ``module`` is not an ``nn.MultiheadAttention``.
-        ValueError: if ``module`` uses a feature this class does not have.
+    Chapters 6, 9 and 13 call them as ``MultiHeadAttention.from_torch``,
+    ``.from_hf_llama`` and ``.from_hf``; each method names its chapter.
     """
-    check_instance("module", module, nn.MultiheadAttention, "a torch.nn.MultiheadAttention")
-    d_model = module.embed_dim
-    refusals = (  # (convertible, what MultiHeadAttention needs, what the module has)
-        (module.batch_first, "batch_first=True (inputs (B, L, d_model))", "batch_first=False"),
-        (
-            module.kdim == module.vdim == d_model,
-            f"kdim == vdim == embed_dim={d_model}",
-            f"kdim={module.kdim} and vdim={module.vdim}",
-        ),
-        (module.bias_k is None, "add_bias_kv=False", "add_bias_kv=True"),
-        (not module.add_zero_attn, "add_zero_attn=False", "add_zero_attn=True"),
-    )
-    for convertible, needed, has in refusals:
-        if not convertible:
-            raise ValueError(f"module must be built with {needed}, got {has}")
-    weight, bias = module.in_proj_weight, module.in_proj_bias
-    ours = MultiHeadAttention(
-        d_model,
-        module.num_heads,
-        dropout=module.dropout,
-        bias=bias is not None,
-        backend=backend,
-        device=weight.device,
-        dtype=weight.dtype,
-    )
-    with torch.no_grad():
-        for i, linear in enumerate((ours.W_q, ours.W_k, ours.W_v)):
-            rows = slice(i * d_model, (i + 1) * d_model)
-            linear.weight.copy_(weight[rows])  # (d_model, d_model)
-            if bias is not None:
-                linear.bias.copy_(bias[rows])
-        ours.W_o.load_state_dict(module.out_proj.state_dict())
-    return ours.train(module.training)
 
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "lib") -> Self:
+        """Build a module that computes the same function as a batch-first
+        ``nn.MultiheadAttention``.
 
-def from_hf(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
-    """:func:`from_hf_llama` under its general name: any transformers attention
-    layer this package can reproduce (chapter 9's Llama, Mistral, Qwen2-style
-    windows; Qwen3's QK-norm, Gemma 2's soft-capping and gpt-oss's sinks, the
-    features of chapter 13), or a ``ValueError`` naming what it cannot.
+        Copies ``in_proj_weight``/``in_proj_bias`` (rows ``[0, d)``, ``[d, 2d)``,
+        ``[2d, 3d)`` are the query, key and value projections) into ``W_q``,
+        ``W_k``, ``W_v`` and ``out_proj`` into ``W_o``; dropout, device and dtype
+        are kept. Remember to convert masks: torch's bool ``True`` = blocked, ours
+        ``True`` = may attend (``mask = ~attn_mask``; a ``key_padding_mask (B, Lk)``
+        becomes ``~key_padding_mask[:, None, None, :]``).
 
-    Explained in chapter 13, *Where attention goes*."""
-    return from_hf_llama(module, backend=backend)
+        Explained in chapter 6, *Multi-head attention*.
 
+        Args:
+            module: an ``nn.MultiheadAttention`` built with ``batch_first=True``
+                and without ``kdim``/``vdim``, ``add_bias_kv`` or ``add_zero_attn``.
+            backend: attention backend of the new module.
 
-def from_hf_llama(module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
-    """Build the module that computes the same function as a 🤗 transformers
-    ``LlamaAttention``, or as another layer with the same computation.
+        Returns:
+            A new :class:`~attention_lib.MultiHeadAttention` with copied
+            parameters, in the training/eval mode of ``module``.
 
-    Copies ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` into ``W_q``,
-    ``W_k``, ``W_v`` and ``W_o``, and reads the rest from the layer and its
-    config: ``num_key_value_heads``, the RoPE base
-    (``rope_parameters["rope_theta"]``; no RoPE for a layer whose ``use_rope``
-    is false, as SmolLM3's NoPE layers), a score scaling other than
-    ``1/sqrt(head_dim)`` (``module.scaling``, e.g. Granite's
-    ``attention_multiplier`` or Gemma 2's ``query_pre_attn_scalar``) as
-    ``scale``, and the layer's sliding window (``module.sliding_window`` for
-    the sliding layers of Qwen2 or Gemma 2, else ``config.sliding_window`` as
-    in Mistral) as ``window``. A layer that rotates coordinate pairs
-    ``(2i, 2i+1)`` (the interleaved RoPE of Cohere or Helium) is reproduced by permuting
-    the rows of each head of ``W_q`` and ``W_k``
-    (:func:`~attention_lib.rope_permutation`): the scores stay the same.
+        Raises:
+            TypeError: if ``module`` is not an ``nn.MultiheadAttention``.
+            ValueError: if ``module`` uses a feature this class does not have.
+        """
+        check_instance("module", module, nn.MultiheadAttention, "a torch.nn.MultiheadAttention")
+        d_model = module.embed_dim
+        refusals = (  # (convertible, what MultiHeadAttention needs, what the module has)
+            (module.batch_first, "batch_first=True (inputs (B, L, d_model))", "batch_first=False"),
+            (
+                module.kdim == module.vdim == d_model,
+                f"kdim == vdim == embed_dim={d_model}",
+                f"kdim={module.kdim} and vdim={module.vdim}",
+            ),
+            (module.bias_k is None, "add_bias_kv=False", "add_bias_kv=True"),
+            (not module.add_zero_attn, "add_zero_attn=False", "add_zero_attn=True"),
+        )
+        for convertible, needed, has in refusals:
+            if not convertible:
+                raise ValueError(f"module must be built with {needed}, got {has}")
+        weight, bias = module.in_proj_weight, module.in_proj_bias
+        ours = cls(
+            d_model,
+            module.num_heads,
+            dropout=module.dropout,
+            bias=bias is not None,
+            backend=backend,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            for i, linear in enumerate((ours.W_q, ours.W_k, ours.W_v)):
+                rows = slice(i * d_model, (i + 1) * d_model)
+                linear.weight.copy_(weight[rows])  # (d_model, d_model)
+                if bias is not None:
+                    linear.bias.copy_(bias[rows])
+            ours.W_o.load_state_dict(module.out_proj.state_dict())
+        return ours.train(module.training)
 
-    transformers' layer takes the rotary ``position_embeddings`` and the mask
-    from its model; the new module computes both itself. Call it with
-    ``is_causal=True`` for the model's causal mask, sliding window included
-    (``window`` is in the module); also with a ``kv_cache``, where the new
-    queries are aligned after the cached keys (bottom-right), as the model
-    aligns them. RoPE positions are ``0 .. L-1``, continued after a
-    ``kv_cache``; pass ``positions`` for others, and a padding ``mask`` for
-    padded batches. transformers itself is not imported.
+    @classmethod
+    def from_hf(cls, module: nn.Module, *, backend: str = "lib") -> Self:
+        """``from_hf_llama`` under its general name: any transformers attention
+        layer this package can reproduce (chapter 9's Llama, Mistral, Qwen2-style
+        windows; Qwen3's QK-norm, Gemma 2's soft-capping and gpt-oss's sinks, the
+        features of chapter 13), or a ``ValueError`` naming what it cannot.
 
-    Refused, with a ``ValueError`` that names the feature, because
-    :class:`~attention_lib.MultiHeadAttention` does not compute them:
-    submodules or parameters besides the four projections (the ``q_norm`` /
-    ``k_norm`` of Qwen3, OLMo 2 and Cohere's QK-norm, attention sinks),
-    ``clip_qkv`` (OLMo), attention logit soft-capping (Gemma 2's
-    ``attn_logit_softcapping``), a rotation other than rotate-half or
-    interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
-    frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 14;
-    ``"dynamic"``, whose speeds depend on the length of each call and on the
-    lengths the model saw before, is refused, as are ``partial_rotary_factor``
-    and any other ``rope_type``), a bias in some projections only (Qwen2), a
-    head width other than ``hidden_size // num_attention_heads``, and
-    bidirectional attention (``is_causal=False``).
+        Explained in chapter 13, *Where attention goes*."""
+        return cls.from_hf_llama(module, backend=backend)
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    @classmethod
+    def from_hf_llama(cls, module: nn.Module, *, backend: str = "lib") -> Self:
+        """Build the module that computes the same function as a 🤗 transformers
+        ``LlamaAttention``, or as another layer with the same computation.
 
-    Args:
-        module: a ``transformers`` ``LlamaAttention``, or a layer with its
-            projections, config and computation (e.g. ``MistralAttention``;
-            tiny configurations with random weights are enough for tests).
-        backend: attention backend of the new module.
+        Copies ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` into ``W_q``,
+        ``W_k``, ``W_v`` and ``W_o``, and reads the rest from the layer and its
+        config: ``num_key_value_heads``, the RoPE base
+        (``rope_parameters["rope_theta"]``; no RoPE for a layer whose ``use_rope``
+        is false, as SmolLM3's NoPE layers), a score scaling other than
+        ``1/sqrt(head_dim)`` (``module.scaling``, e.g. Granite's
+        ``attention_multiplier`` or Gemma 2's ``query_pre_attn_scalar``) as
+        ``scale``, and the layer's sliding window (``module.sliding_window`` for
+        the sliding layers of Qwen2 or Gemma 2, else ``config.sliding_window`` as
+        in Mistral) as ``window``. A layer that rotates coordinate pairs
+        ``(2i, 2i+1)`` (the interleaved RoPE of Cohere or Helium) is reproduced by permuting
+        the rows of each head of ``W_q`` and ``W_k``
+        (:func:`~attention_lib.rope_permutation`): the scores stay the same.
 
-    Returns:
-        A new :class:`~attention_lib.MultiHeadAttention` with copied
-        parameters, in the training/eval mode of ``module``.
+        transformers' layer takes the rotary ``position_embeddings`` and the mask
+        from its model; the new module computes both itself. Call it with
+        ``is_causal=True`` for the model's causal mask, sliding window included
+        (``window`` is in the module); also with a ``kv_cache``, where the new
+        queries are aligned after the cached keys (bottom-right), as the model
+        aligns them. RoPE positions are ``0 .. L-1``, continued after a
+        ``kv_cache``; pass ``positions`` for others, and a padding ``mask`` for
+        padded batches. transformers itself is not imported.
 
-    Raises:
-        TypeError: if ``module`` does not have ``nn.Linear`` projections
-            ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` and a config with
-            ``num_attention_heads``, ``num_key_value_heads``, ``hidden_size``
-            and ``rope_parameters``.
-        ValueError: if it computes something this class does not (the
-            message names every such feature).
-    """
-    config, name = getattr(module, "config", None), type(module).__name__
-    layer = all(isinstance(getattr(module, n, None), nn.Linear) for n in _PROJECTIONS)
-    if not layer or not all(hasattr(config, field) for field in _CONFIG_FIELDS):
-        what = "a transformers attention layer like LlamaAttention (q/k/v/o_proj, a config)"
-        raise TypeError(f"module must be {what}, got {name}")
-    heads, d_model = config.num_attention_heads, config.hidden_size
-    head_dim = module.q_proj.out_features // heads
-    rope = config.rope_parameters or {}
-    rope = rope.get(getattr(module, "layer_type", None), rope)  # one per layer type (Gemma 3)
-    uses_rope = bool(getattr(module, "use_rope", True))  # SmolLM3: 0 in its NoPE layers
-    layout = _rope_layout(module, head_dim) if uses_rope else None
-    biased = [n for n in _PROJECTIONS if getattr(module, n).bias is not None]
-    qk_norm = _is_head_rms_norm(getattr(module, "q_norm", None), head_dim) and _is_head_rms_norm(
-        getattr(module, "k_norm", None), head_dim
-    )  # Qwen3's QK-norm; OLMo 2 normalises all heads at once, Cohere with a LayerNorm
-    sinks = getattr(module, "sinks", None)  # gpt-oss: one logit per head
-    sink = isinstance(sinks, nn.Parameter) and tuple(sinks.shape) == (heads,)
-    ours_too = {*_PROJECTIONS, *(("q_norm", "k_norm") if qk_norm else ()), *(("sinks",) * sink)}
-    extras = [n for n, _ in module.named_children() if n not in ours_too]
-    softcap = getattr(
-        module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
-    )
-    rope_scaling, scaled = _rope_scaling(rope)  # linear, YaRN and Llama 3.1's (chapter 14)
-    default_rope = (
-        scaled
-        and "rope_theta" in rope
-        and rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) == 1
-    )
-    refused = {  # a feature MultiHeadAttention does not compute -> what the layer has, if it has it
-        "submodules or parameters besides the projections, a per-head RMS QK-norm and sinks": (
-            extras + [n for n, _ in module.named_parameters(recurse=False) if n not in ours_too]
-        ),
-        "clip_qkv (clamped projections)": getattr(config, "clip_qkv", None),
-        "a RoPE other than the default, linear, yarn or llama3 (rope_parameters)": uses_rope
-        and not default_rope
-        and rope,
-        "a rotation other than RoPE's (its apply_rotary_pos_emb)": uses_rope and layout is None,
-        "a bias in some projections only (not all four or none)": 0 < len(biased) < 4 and biased,
-        "a head_dim other than hidden_size // num_attention_heads": head_dim * heads != d_model
-        and f"head_dim={head_dim}, num_attention_heads={heads}, hidden_size={d_model}",
-        "bidirectional attention (is_causal=False)": not (
-            getattr(module, "is_causal", True) and getattr(config, "is_causal", True)
-        ),
-    }
-    found = [
-        f"{feature}: {has!r}" for feature, has in refused.items() if has not in (None, False, [])
-    ]
-    if found:
-        raise ValueError(f"cannot convert {name}, which has {'; '.join(found)}")
-    scaling = float(getattr(module, "scaling", head_dim**-0.5))
-    weight = module.q_proj.weight
-    ours = MultiHeadAttention(
-        d_model,
-        heads,
-        dropout=float(getattr(config, "attention_dropout", 0.0)),
-        bias=bool(biased),
-        backend=backend,
-        num_kv_heads=config.num_key_value_heads,
-        rope_base=float(rope["rope_theta"]) if uses_rope else None,
-        rope_scaling=rope_scaling if uses_rope else None,
-        scale=None if math.isclose(scaling, head_dim**-0.5, rel_tol=1e-9) else scaling,
-        window=getattr(module, "sliding_window", getattr(config, "sliding_window", None)),
-        qk_norm=qk_norm,
-        softcap=None if softcap is None else float(softcap),
-        sink=sink,
-        device=weight.device,
-        dtype=weight.dtype,
-    )
-    interleaved = layout == "interleaved"
-    rows = {  # interleaved RoPE: each head's rows of W_q, W_k in rotate-half order
-        "q_proj": _head_rows(heads, head_dim, interleaved),
-        "k_proj": _head_rows(config.num_key_value_heads, head_dim, interleaved),
-    }
-    with torch.no_grad():
-        for linear, name in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), _PROJECTIONS):
-            theirs, order = getattr(module, name), rows.get(name, slice(None))
-            linear.weight.copy_(theirs.weight[order])
-            if theirs.bias is not None:
-                linear.bias.copy_(theirs.bias[order])
-        if qk_norm:  # one head's coordinates, in the order of W_q's rows
-            coordinates = _head_rows(1, head_dim, interleaved)
-            for norm, theirs in ((ours.q_norm, module.q_norm), (ours.k_norm, module.k_norm)):
-                norm.weight.copy_(theirs.weight[coordinates])
-                norm.eps = _norm_eps(theirs)
-        if sink:
-            ours.sink.copy_(sinks)
-    return ours.train(module.training)
+        Refused, with a ``ValueError`` that names the feature, because
+        :class:`~attention_lib.MultiHeadAttention` does not compute them:
+        submodules or parameters besides the four projections (the ``q_norm`` /
+        ``k_norm`` of Qwen3, OLMo 2 and Cohere's QK-norm, attention sinks),
+        ``clip_qkv`` (OLMo), attention logit soft-capping (Gemma 2's
+        ``attn_logit_softcapping``), a rotation other than rotate-half or
+        interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
+        frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 14;
+        ``"dynamic"``, whose speeds depend on the length of each call and on the
+        lengths the model saw before, is refused, as are ``partial_rotary_factor``
+        and any other ``rope_type``), a bias in some projections only (Qwen2), and
+        bidirectional attention (``is_causal=False``). A head width other than
+        ``hidden_size // num_attention_heads`` (Qwen3, Gemma 3) is reproduced
+        (``head_dim``), and so is Gemma 3's QK-norm, whose weight is ``1 + w``.
+
+        Explained in chapter 9, *Attention in today's LLMs*.
+
+        Args:
+            module: a ``transformers`` ``LlamaAttention``, or a layer with its
+                projections, config and computation (e.g. ``MistralAttention``;
+                tiny configurations with random weights are enough for tests).
+            backend: attention backend of the new module.
+
+        Returns:
+            A new :class:`~attention_lib.MultiHeadAttention` with copied
+            parameters, in the training/eval mode of ``module``.
+
+        Raises:
+            TypeError: if ``module`` does not have ``nn.Linear`` projections
+                ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` and a config with
+                ``num_attention_heads``, ``num_key_value_heads``, ``hidden_size``
+                and ``rope_parameters``.
+            ValueError: if it computes something this class does not (the
+                message names every such feature).
+        """
+        config, name = getattr(module, "config", None), type(module).__name__
+        layer = all(isinstance(getattr(module, n, None), nn.Linear) for n in _PROJECTIONS)
+        if not layer or not all(hasattr(config, field) for field in _CONFIG_FIELDS):
+            what = "a transformers attention layer like LlamaAttention (q/k/v/o_proj, a config)"
+            raise TypeError(f"module must be {what}, got {name}")
+        heads, d_model = config.num_attention_heads, config.hidden_size
+        head_dim = module.q_proj.out_features // heads
+        rope = config.rope_parameters or {}
+        rope = rope.get(getattr(module, "layer_type", None), rope)  # one per layer type (Gemma 3)
+        uses_rope = bool(getattr(module, "use_rope", True))  # SmolLM3: 0 in its NoPE layers
+        layout = _rope_layout(module, head_dim) if uses_rope else None
+        biased = [n for n in _PROJECTIONS if getattr(module, n).bias is not None]
+        offsets = {
+            rms_norm_offset(getattr(module, n, None), head_dim) for n in ("q_norm", "k_norm")
+        }
+        qk_norm = len(offsets) == 1 and None not in offsets  # Qwen3's QK-norm, Gemma 3's (1 + w)
+        # (OLMo 2 normalises all heads at once, Cohere with a LayerNorm: refused)
+        sinks = getattr(module, "sinks", None)  # gpt-oss: one logit per head
+        sink = isinstance(sinks, nn.Parameter) and tuple(sinks.shape) == (heads,)
+        ours_too = {*_PROJECTIONS, *(("q_norm", "k_norm") if qk_norm else ()), *(("sinks",) * sink)}
+        extras = [n for n, _ in module.named_children() if n not in ours_too]
+        softcap = getattr(
+            module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
+        )
+        rope_scaling, scaled = _rope_scaling(rope)  # linear, YaRN and Llama 3.1's (chapter 14)
+        default_rope = (
+            scaled
+            and "rope_theta" in rope
+            and rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+            == 1
+        )
+        refused = {  # a feature MultiHeadAttention does not compute -> what the layer has, if it has it
+            "submodules or parameters besides the projections, a per-head RMS QK-norm and sinks": (
+                extras + [n for n, _ in module.named_parameters(recurse=False) if n not in ours_too]
+            ),
+            "clip_qkv (clamped projections)": getattr(config, "clip_qkv", None),
+            "a RoPE other than the default, linear, yarn or llama3 (rope_parameters)": uses_rope
+            and not default_rope
+            and rope,
+            "a rotation other than RoPE's (its apply_rotary_pos_emb)": uses_rope and layout is None,
+            "a bias in some projections only (not all four or none)": 0 < len(biased) < 4
+            and biased,
+            "bidirectional attention (is_causal=False)": not (
+                getattr(module, "is_causal", True) and getattr(config, "is_causal", True)
+            ),
+        }
+        found = [
+            f"{feature}: {has!r}"
+            for feature, has in refused.items()
+            if has not in (None, False, [])
+        ]
+        if found:
+            raise ValueError(f"cannot convert {name}, which has {'; '.join(found)}")
+        scaling = float(getattr(module, "scaling", head_dim**-0.5))
+        weight = module.q_proj.weight
+        ours = cls(
+            d_model,
+            heads,
+            dropout=float(getattr(config, "attention_dropout", 0.0)),
+            bias=bool(biased),
+            backend=backend,
+            num_kv_heads=config.num_key_value_heads,
+            rope_base=float(rope["rope_theta"]) if uses_rope else None,
+            rope_scaling=rope_scaling if uses_rope else None,
+            scale=None if math.isclose(scaling, head_dim**-0.5, rel_tol=1e-9) else scaling,
+            window=getattr(module, "sliding_window", getattr(config, "sliding_window", None)),
+            qk_norm=qk_norm,
+            softcap=None if softcap is None else float(softcap),
+            sink=sink,
+            head_dim=None if head_dim * heads == d_model else head_dim,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        interleaved = layout == "interleaved"
+        rows = {  # interleaved RoPE: each head's rows of W_q, W_k in rotate-half order
+            "q_proj": _head_rows(heads, head_dim, interleaved),
+            "k_proj": _head_rows(config.num_key_value_heads, head_dim, interleaved),
+        }
+        with torch.no_grad():
+            for linear, name in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), _PROJECTIONS):
+                theirs, order = getattr(module, name), rows.get(name, slice(None))
+                linear.weight.copy_(theirs.weight[order])
+                if theirs.bias is not None:
+                    linear.bias.copy_(theirs.bias[order])
+            if qk_norm:  # one head's coordinates, in the order of W_q's rows
+                (offset,) = offsets
+                coordinates = _head_rows(1, head_dim, interleaved)
+                for norm, theirs in ((ours.q_norm, module.q_norm), (ours.k_norm, module.k_norm)):
+                    norm.weight.copy_(theirs.weight[coordinates] + offset)  # Gemma's 1 + w
+                    norm.eps = _norm_eps(theirs)
+            if sink:
+                ours.sink.copy_(sinks)
+        return ours.train(module.training)
 
 
 def _rope_scaling(rope: dict) -> tuple[dict | None, bool]:
@@ -319,21 +341,29 @@ def _norm_eps(norm: nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
-def _is_head_rms_norm(norm: nn.Module | None, head_dim: int) -> bool:
-    """Whether ``norm`` computes ``nn.RMSNorm(head_dim)`` with its weight and epsilon
-    (Qwen3's ``q_norm``/``k_norm``): probed on inputs with a non-zero mean, so a
-    LayerNorm or a norm over all heads at once does not pass."""
+def rms_norm_offset(norm: nn.Module | None, dim: int) -> float | None:
+    """How a transformers norm over ``dim`` computes, if it is an RMSNorm: ``0.0``
+    for ``x / rms(x) * w`` (Llama's, Qwen3's), ``1.0`` for Gemma's ``x / rms(x) *
+    (1 + w)``, ``None`` for anything else (a LayerNorm, a norm over all heads at
+    once, ...). Probed on inputs with a non-zero mean, with the norm's own
+    weight and epsilon. The QK-norm test of ``from_hf_llama`` (chapter 13)
+    and the norm test of :func:`~attention_lib.hf_models.from_hf`.
+    """
     weight = getattr(norm, "weight", None)
-    if not isinstance(norm, nn.Module) or weight is None or tuple(weight.shape) != (head_dim,):
-        return False
-    x = torch.randn(2, 3, head_dim, generator=torch.Generator().manual_seed(0)) + 0.5
+    if not isinstance(norm, nn.Module) or weight is None or tuple(weight.shape) != (dim,):
+        return None
+    x = torch.randn(2, 3, dim, generator=torch.Generator().manual_seed(0)) + 0.5
     x = x.to(weight.dtype)
-    expected = nn.functional.rms_norm(x, (head_dim,), weight.detach(), _norm_eps(norm))
     with torch.no_grad():
         try:
-            return torch.allclose(norm(x), expected, rtol=0, atol=1e-5)
+            out = norm(x)
         except (TypeError, ValueError, RuntimeError):
-            return False
+            return None
+        for offset in (0.0, 1.0):
+            expected = nn.functional.rms_norm(x, (dim,), weight + offset, _norm_eps(norm))
+            if out.shape == x.shape and torch.allclose(out, expected, rtol=0, atol=1e-5):
+                return offset
+    return None
 
 
 def _rope_layout(module: nn.Module, head_dim: int) -> str | None:

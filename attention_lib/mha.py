@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .backends import BACKENDS, lib_attention
+from .convert import AttentionConverters
 from .kv_cache import ChunkKVCache, LayerKVCache
 from .masks import Causal
 from .protocols import Step
@@ -30,7 +31,7 @@ from .validation import (
 )
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(nn.Module, AttentionConverters):
     r"""Multi-head attention with batch-first inputs and pluggable attention.
 
     .. math::
@@ -125,6 +126,10 @@ class MultiHeadAttention(nn.Module):
         gate: an output gate (Qwen3-Next): ``sigmoid(W_g x)``, from the
             layer's input ``query``, multiplies the heads' concatenated output
             before ``W_o`` (chapter 13).
+        head_dim: the width ``d_k`` of each head when it is not ``d_model //
+            num_heads`` (Qwen3, Gemma 3): ``W_q`` then has ``num_heads *
+            head_dim`` outputs and ``W_o`` as many inputs. ``None`` (default)
+            for ``d_model // num_heads``.
         device: device of the parameters.
         dtype: dtype of the parameters.
 
@@ -191,6 +196,7 @@ class MultiHeadAttention(nn.Module):
         softcap: float | None = None,
         sink: bool = False,
         gate: bool = False,
+        head_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -200,10 +206,13 @@ class MultiHeadAttention(nn.Module):
         self.num_kv_heads = check_int(
             "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads, minimum=1
         )
-        if d_model % num_heads or num_heads % self.num_kv_heads:
+        if (head_dim is None and d_model % num_heads) or num_heads % self.num_kv_heads:
             sizes = f"d_model={d_model}, num_heads={num_heads}, num_kv_heads={self.num_kv_heads}"
             raise ValueError(f"num_heads must divide d_model, num_kv_heads num_heads: {sizes}")
         self.d_k = d_model // num_heads
+        if head_dim is not None:
+            self.d_k = check_int("head_dim", head_dim, minimum=1)
+        width = num_heads * self.d_k  # the heads' concatenated width (d_model by default)
         if rope_base is not None:
             rope_base = check_base(rope_base)
             check_d_head(self.d_k, name="d_k = d_model // num_heads (with rope_base)")
@@ -231,16 +240,16 @@ class MultiHeadAttention(nn.Module):
         self.block_size = block_size
         linear = {"bias": check_bool("bias", bias), **factory}
         kv_width = self.num_kv_heads * self.d_k
-        self.W_q = nn.Linear(d_model, d_model, **linear)
+        self.W_q = nn.Linear(d_model, width, **linear)
         self.W_k = nn.Linear(d_model, kv_width, **linear)
         self.W_v = nn.Linear(d_model, kv_width, **linear)
-        self.W_o = nn.Linear(d_model, d_model, **linear)
+        self.W_o = nn.Linear(width, d_model, **linear)
         # QK-norm (Qwen3, OLMo 2): RMSNorm over each head's width, before RoPE.
         self.q_norm = self.k_norm = None
         if check_bool("qk_norm", qk_norm):
             self.q_norm, self.k_norm = (nn.RMSNorm(self.d_k, eps=1e-6, **factory) for _ in "qk")
         # Output gate (Qwen3-Next): sigmoid(W_g x) scales the heads' output before W_o.
-        self.W_g = nn.Linear(d_model, d_model, **linear) if check_bool("gate", gate) else None
+        self.W_g = nn.Linear(d_model, width, **linear) if check_bool("gate", gate) else None
 
     @property
     def backend(self) -> str:
@@ -269,6 +278,7 @@ class MultiHeadAttention(nn.Module):
             "softcap": self.softcap,
             "sink": self.sink is not None or None,
             "gate": self.W_g is not None or None,
+            "head_dim": None if self.d_k * self.num_heads == self.d_model else self.d_k,
         }
         shown = [f"{k}={v!r}" for k, v in options.items() if v is not None]
         return ", ".join([f"d_model={self.d_model}, num_heads={self.num_heads}", *shown])
@@ -494,7 +504,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if angles is not None:
             q, k = self._rotate(q, k, *angles)
-        if kv_cache is not None:
+        in_place = getattr(kv_cache, "attend_in_place", None)  # paged, read in place (ch. 11)
+        if kv_cache is not None and in_place is None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, T + Lk, d_k): cached keys first
         options = {
             "causal": causal,
@@ -504,13 +515,15 @@ class MultiHeadAttention(nn.Module):
         if self.softcap is not None or self.sink is not None:  # the lib backend's options
             options.update(softcap=self.softcap, sink=self.sink)
         weights = None
-        if need_weights:  # a fused kernel cannot return the weights: the lib computation
+        if in_place is not None:  # writes k, v into the pool's blocks, walks them
+            attended = in_place(q, k, v, self, need_weights)  # (B, H, Lq, d_k)
+        elif need_weights:  # a fused kernel cannot return the weights: the lib computation
             attended, weights = lib_attention(q, k, v, keep, **options)  # (B, H, Lq, ...)
         else:
             if self.block_size is not None:
                 options["block_size"] = self.block_size
             attended = BACKENDS[self.backend](q, k, v, keep, **options)  # (B, H, Lq, d_k)
-        merged = attended.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, Lq, d_model)
+        merged = attended.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.d_k)
         if self.W_g is not None:  # output gate, from the layer's input
             merged = merged * torch.sigmoid(self.W_g(query))  # (B, Lq, d_model)
         output = self.W_o(merged)  # (B, Lq, d_model)
@@ -526,7 +539,7 @@ class MultiHeadAttention(nn.Module):
             bias = None
             if self.W_q.bias is not None:
                 bias = torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])  # (3 d,)
-            widths = [self.d_model, self.W_k.out_features, self.W_v.out_features]
+            widths = [self.W_q.out_features, self.W_k.out_features, self.W_v.out_features]
             q, k, v = F.linear(query, weight, bias).split(widths, dim=-1)  # (B, L, width)
         else:
             q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, width)
@@ -551,39 +564,3 @@ class MultiHeadAttention(nn.Module):
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d_k / 2)
         q = rotate_pairs(q, cos[..., :q_len, :], sin[..., :q_len, :])  # (B, H, Lq, d_k)
         return q, rotate_pairs(k, cos[..., :k_len, :], sin[..., :k_len, :])  # (B, H_kv, Lk, d_k)
-
-    @classmethod
-    def from_torch(
-        cls, module: nn.MultiheadAttention, *, backend: str = "lib"
-    ) -> MultiHeadAttention:
-        """The module that computes the same function as a batch-first
-        ``nn.MultiheadAttention``: see :func:`attention_lib.convert.from_torch`.
-
-        Explained in chapter 6, *Multi-head attention*.
-        """
-        from .convert import from_torch
-
-        return from_torch(module, backend=backend)
-
-    @classmethod
-    def from_hf_llama(cls, module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
-        """The module that computes the same function as a 🤗 transformers
-        ``LlamaAttention`` (or a layer with the same computation), or a
-        ``ValueError`` naming what it cannot reproduce: see
-        :func:`attention_lib.convert.from_hf_llama`.
-
-        Explained in chapter 9, *Attention in today's LLMs*.
-        """
-        from .convert import from_hf_llama
-
-        return from_hf_llama(module, backend=backend)
-
-    @classmethod
-    def from_hf(cls, module: nn.Module, *, backend: str = "lib") -> MultiHeadAttention:
-        """The module that computes the same function as a 🤗 transformers
-        attention layer, or a ``ValueError`` naming what it cannot reproduce:
-        see :func:`attention_lib.convert.from_hf` (:meth:`from_hf_llama`'s
-        general name)."""
-        from .convert import from_hf
-
-        return from_hf(module, backend=backend)

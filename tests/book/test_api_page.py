@@ -36,7 +36,7 @@ DIRECTIVE = re.compile(
 
 # Documented in their submodule, which the page says, and deliberately not exported
 # from the package: the backends' registry (to add a backend) and their shared pieces,
-# the converters (reached as MultiHeadAttention.from_torch/from_hf_llama), the
+# the converters (MultiHeadAttention inherits them: from_torch/from_hf_llama), the
 # functional core that the entry points call, and the default tile size.
 SUBMODULE_ONLY = {
     "attention_lib.backends.BACKENDS",
@@ -44,9 +44,7 @@ SUBMODULE_ONLY = {
     "attention_lib.backends.torch_backend",
     "attention_lib.backends.tiled_backend",
     "attention_lib.backends.lib_attention",
-    "attention_lib.convert.from_torch",
-    "attention_lib.convert.from_hf_llama",
-    "attention_lib.convert.from_hf",
+    "attention_lib.convert.AttentionConverters",
     "attention_lib.masks.Causal",
     "attention_lib.masks.with_causal",
     "attention_lib.sdpa.attend",

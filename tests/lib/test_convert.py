@@ -26,7 +26,6 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.models.llama.modeling_llama import LlamaAttention
 
 from attention_lib import LayerKVCache, MultiHeadAttention
-from attention_lib.convert import from_hf_llama, from_torch
 
 D_MODEL, HEADS, KV_HEADS, D_K = 64, 8, 2, 8
 TINY = {  # a tiny config that every family accepts
@@ -201,6 +200,7 @@ REPRODUCED = {  # id: (family, layer_idx, config options, what the module must h
         {"rope_parameters": DEFAULT_ROPE, "sliding_window": 4},
         {"window": 4},
     ),
+    "llama-head-dim": ("llama", 0, {"head_dim": 16}, {"d_k": 16}),  # != hidden / heads
     "gpt-oss-sinks-full": (
         "gpt_oss",
         1,
@@ -223,7 +223,7 @@ def _eager_only(case: str) -> bool:
 def test_reproduced_layers_equal_the_layer(case, impl):
     family, layer_idx, options, expected = REPRODUCED[case]
     hf = HF(family, layer_idx, impl, **options)
-    module = from_hf_llama(hf.layer)
+    module = MultiHeadAttention.from_hf_llama(hf.layer)
     assert {name: getattr(module, name) for name in expected} == expected
     assert not module.training and module.num_kv_heads == KV_HEADS
     torch.testing.assert_close(ours(module, X), hf(X), atol=1e-5, rtol=0)
@@ -244,7 +244,6 @@ REFUSED = {  # id: (family, config options, a keyword of the message)
         {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
         "dynamic",
     ),
-    "llama-head-dim": ("llama", {"head_dim": 16}, "head_dim"),
 }
 
 
@@ -252,7 +251,7 @@ REFUSED = {  # id: (family, config options, a keyword of the message)
 def test_refused_layers_name_the_feature(case):
     family, options, keyword = REFUSED[case]
     with pytest.raises(ValueError, match=keyword):
-        from_hf_llama(HF(family, **options).layer)
+        MultiHeadAttention.from_hf_llama(HF(family, **options).layer)
 
 
 # The refusals are needed: the layer with the feature against the module the
@@ -280,7 +279,7 @@ def test_each_refusal_is_needed(case):
     (family, options), (plain_family, plain_options) = NEEDED[case]
     featured = HF(family, **options)
     plain = HF(plain_family, **plain_options).take_projections(featured)
-    module = from_hf_llama(plain.layer)
+    module = MultiHeadAttention.from_hf_llama(plain.layer)
     torch.testing.assert_close(ours(module, X), plain(X), atol=1e-5, rtol=0)
     assert (ours(module, X) - featured(X)).abs().max() > 1e-2
 
@@ -290,7 +289,7 @@ def test_bidirectional_refusal_is_needed():
     mask and the layer attends to every key."""
     featured = HF("gemma2", impl="sdpa", **NO_SOFTCAP, use_bidirectional_attention=True)
     featured.layer.is_causal = True  # the converter reads the layer as causal...
-    module = from_hf_llama(featured.layer)
+    module = MultiHeadAttention.from_hf_llama(featured.layer)
     featured.layer.is_causal = False
     assert (ours(module, X) - featured(X)).abs().max() > 1e-2  # ...but it is not
 
@@ -309,8 +308,8 @@ def test_a_rotation_other_than_rope_is_refused_and_the_refusal_is_needed():
     doubled = HF("llama")
     doubled.layer.__class__ = DoubledAngles
     with pytest.raises(ValueError, match="rotation"):
-        from_hf_llama(doubled.layer)
-    module = from_hf_llama(plain.layer)
+        MultiHeadAttention.from_hf_llama(doubled.layer)
+    module = MultiHeadAttention.from_hf_llama(plain.layer)
     assert (ours(module, X) - doubled(X)).abs().max() > 1e-2
 
 
@@ -319,7 +318,7 @@ def test_a_kv_cache_with_is_causal_matches_the_layer_with_its_cache(chunks):
     """Prefill, then decode one token or a chunk at a time: the new queries are
     aligned after the cached keys, and the sliding window slides."""
     hf = HF("mistral", sliding_window=4)
-    module = from_hf_llama(hf.layer)
+    module = MultiHeadAttention.from_hf_llama(hf.layer)
     theirs, mine = DynamicCache(config=hf.config), LayerKVCache()
     start = 0
     for size in chunks:
@@ -334,7 +333,7 @@ def test_rope_layout_probe_reads_the_layers_function():
     """Cohere's rows are permuted into rotate-half order: the value and output
     projections are copied as they are."""
     hf = HF("cohere")
-    module = from_hf_llama(hf.layer)
+    module = MultiHeadAttention.from_hf_llama(hf.layer)
     assert torch.equal(module.W_v.weight, hf.layer.v_proj.weight)
     assert not torch.equal(module.W_q.weight, hf.layer.q_proj.weight)
     assert torch.equal(module.W_q.weight.sort(0).values, hf.layer.q_proj.weight.sort(0).values)
@@ -342,11 +341,11 @@ def test_rope_layout_probe_reads_the_layers_function():
 
 def test_not_an_attention_layer_is_a_type_error():
     with pytest.raises(TypeError, match="LlamaAttention"):
-        from_hf_llama(nn.Linear(2, 2))
+        MultiHeadAttention.from_hf_llama(nn.Linear(2, 2))
     layer = HF("llama").layer
     layer.config = SimpleNamespace(hidden_size=D_MODEL)  # no heads, no RoPE parameters
     with pytest.raises(TypeError, match="config"):
-        from_hf_llama(layer)
+        MultiHeadAttention.from_hf_llama(layer)
 
 
 def test_a_padding_mask_with_is_causal_matches_the_layer():
@@ -364,7 +363,9 @@ def test_a_padding_mask_with_is_causal_matches_the_layer():
         theirs, _ = hf.layer(
             X, position_embeddings=hf.rotary(X, torch.arange(11)[None]), attention_mask=mask
         )
-        mine = from_hf_llama(hf.layer)(X, X, X, keep[:, None, None, :], is_causal=True)
+        mine = MultiHeadAttention.from_hf_llama(hf.layer)(
+            X, X, X, keep[:, None, None, :], is_causal=True
+        )
     valid = keep[..., None].expand_as(mine)  # padded queries: anything
     torch.testing.assert_close(mine[valid], theirs[valid], atol=1e-5, rtol=0)
 
@@ -376,7 +377,7 @@ def test_a_padding_mask_with_is_causal_matches_the_layer():
 def test_from_torch_equals_nn_multihead_attention(bias):
     torch.manual_seed(2)
     torch_mha = nn.MultiheadAttention(D_MODEL, HEADS, bias=bias, batch_first=True).eval()
-    module = from_torch(torch_mha, backend="torch")
+    module = MultiHeadAttention.from_torch(torch_mha, backend="torch")
     assert module.backend == "torch" and not module.training
     blocked = torch.ones(11, 11, dtype=torch.bool).triu(1)  # torch: True = blocked
     with torch.no_grad():
@@ -395,9 +396,11 @@ def test_from_torch_equals_nn_multihead_attention(bias):
 )
 def test_from_torch_refuses_what_it_cannot_reproduce(options, keyword):
     with pytest.raises(ValueError, match=keyword):
-        from_torch(nn.MultiheadAttention(16, 4, **{"batch_first": True, **options}))
+        MultiHeadAttention.from_torch(
+            nn.MultiheadAttention(16, 4, **{"batch_first": True, **options})
+        )
     with pytest.raises(TypeError, match="nn.MultiheadAttention"):
-        from_torch(nn.Linear(4, 4))
+        MultiHeadAttention.from_torch(nn.Linear(4, 4))
 
 
 def test_from_hf_is_the_general_name() -> None:

@@ -185,6 +185,82 @@ def test_no_module_uses_another_modules_private_names():
     assert offences == []
 
 
+def _package_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (``a.b`` names relative to the
+    package), from every import statement, also inside functions."""
+    modules = {
+        ".".join(p.relative_to(package).with_suffix("").parts).removesuffix("__init__").strip(".")
+        for p in package.rglob("*.py")
+    }
+    graph = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
+        name = ".".join(parts).removesuffix("__init__").strip(".")
+        here = parts[:-1]  # the package the module is in
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                base = here[: len(here) - (node.level - 1)] + (node.module or "").split(".")
+                base = [p for p in base if p]
+                edges |= {
+                    ".".join(target)
+                    for alias in node.names
+                    for target in (base + [alias.name], base)  # a submodule, else the module
+                    if ".".join(target) in modules
+                }
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                )
+                edges |= {
+                    n.split(".", 1)[1] if "." in n else ""
+                    for n in names
+                    if n and n.split(".")[0] == package.name
+                }
+        graph[name] = {e for e in edges if e != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles of ``graph`` among modules other than a package's ``__init__``
+    re-exporting its children (the modules on each cycle, in order)."""
+    found, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                found.append(path[path.index(target) :] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def test_no_module_imports_a_module_that_imports_it():
+    """Issue 34: convert.py and mha.py imported each other (mha inside its
+    classmethods). Every import counts, also inside a function; a package's
+    ``__init__`` importing its own modules is the only expected direction."""
+    graph = _package_imports()
+    assert "convert" in graph["mha"] and "mha" not in graph["convert"]
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle_inside_a_function(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .a import f\n")
+    (package / "a.py").write_text("from .b import g\n\ndef f():\n    return g()\n")
+    (package / "b.py").write_text("def g():\n    from .a import f\n\n    return f\n")
+    graph = _package_imports(package)
+    assert graph == {"": {"a"}, "a": {"b"}, "b": {"a"}}
+    assert _cycles(graph) == [["a", "b", "a"]]
+
+
 def _validation_share_tool():
     import importlib.util
 
