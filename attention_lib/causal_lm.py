@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .blocks import BlockSpec
 from .encoder import POSITIONAL_KINDS, Encoder, position_module
 from .kv_cache import KVCache
 from .layer_types import LayerSpec, LayerType
@@ -37,6 +38,7 @@ from .validation import (
     check_int,
     check_mask,
     check_positions,
+    check_real,
     check_token_ids,
 )
 
@@ -87,6 +89,16 @@ class CausalLM(nn.Module):
         chunk_size: the chunk of the ``"chunked"`` layers.
         nope_layers: indices of the layers that get no RoPE (NoPE, Llama 4's
             global layers), with ``positional="rope"``.
+        block: the norms and MLP of every block and the final norm, a
+            :class:`~attention_lib.blocks.BlockSpec` (RMSNorm, SwiGLU/GeGLU,
+            sandwich norms); ``None`` (default): ``LayerNorm`` and a ReLU MLP.
+        tie_embeddings: the head reads the embedding matrix (one weight for
+            both, as Gemma and small Llamas and Qwens).
+        embed_scale: multiply the token embeddings by this (Gemma:
+            ``sqrt(d_model)``); ``None`` for none.
+        logit_softcap: the logits become ``c * tanh(logits / c)`` (Gemma 2's
+            final soft-capping); ``None`` for none.
+        head_bias: whether the head has a bias (today's LLMs have none).
         **attention: further options of every layer's
             :class:`~attention_lib.MultiHeadAttention`: ``qk_norm``,
             ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
@@ -117,6 +129,11 @@ class CausalLM(nn.Module):
         chunk_size: int | None = None,
         nope_layers: Sequence[int] = (),
         layer_table: Mapping[str, LayerType] | None = None,
+        block: BlockSpec | None = None,
+        tie_embeddings: bool = False,
+        embed_scale: float | None = None,
+        logit_softcap: float | None = None,
+        head_bias: bool = True,
         **attention: Any,
     ) -> None:
         super().__init__()
@@ -164,9 +181,16 @@ class CausalLM(nn.Module):
             layer_types=self.layer_specs,
             nope_layers=nope_layers,
             layer_table=layer_table,
+            block=block,
             **attention,
         )
-        self.head = nn.Linear(d_model, vocab_size)
+        self.head = nn.Linear(d_model, vocab_size, bias=check_bool("head_bias", head_bias))
+        if check_bool("tie_embeddings", tie_embeddings):
+            self.head.weight = self.embedding.weight  # one (vocab_size, d_model) matrix
+        self.embed_scale = None if embed_scale is None else check_real("embed_scale", embed_scale)
+        self.logit_softcap = (
+            None if logit_softcap is None else check_real("logit_softcap", logit_softcap, above=0)
+        )
         self._made: list[tuple] | None = None
 
     @property
@@ -234,6 +258,8 @@ class CausalLM(nn.Module):
             keep = check_mask(mask, (tokens.shape[0], past + length), device=tokens.device)
             keep = keep.expand(tokens.shape[0], -1)[:, None, None, :]  # (B, 1, 1, P + L)
         x = self.embedding(tokens)  # (B, L, d)
+        if self.embed_scale is not None:  # Gemma: sqrt(d_model)
+            x = x * self.embed_scale
         if isinstance(self.position, nn.Embedding):  # learned positions
             x = x + self.position(positions)  # (B, L, d) + (L, d)
         elif self.position is not None:  # sinusoidal
@@ -244,9 +270,16 @@ class CausalLM(nn.Module):
         step = Step(positions, causal=True, keep=keep)
         out = self.blocks.run(x, step, cache, need_weights=need_weights)
         if not need_weights:
-            return self.head(out)  # (B, L, V)
+            return self._logits(out)  # (B, L, V)
         hidden, weights = out
-        return self.head(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
+        return self._logits(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """The head, then the final soft-capping if any: ``(B, L, d) -> (B, L, V)``."""
+        logits = self.head(hidden)
+        if self.logit_softcap is None:
+            return logits
+        return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
     def check_cache(self, cache: object, batch: int | None = None) -> int:
         """Refuse a ``cache`` that this model cannot continue (another number of

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .blocks import BlockSpec
 from .kv_cache import KVCache, LayerKVCache
 from .layer_types import LAYER_TYPES, LayerSpec, LayerType
 from .mha import MultiHeadAttention
@@ -216,6 +217,10 @@ class EncoderLayer(nn.Module):
             (``"full"``, ``"sliding"``, ``"chunked"``, ...): its ``make_mixer``
             builds the token mixer from these options (chapter 14);
             ``None`` (default) for a ``MultiHeadAttention``.
+        block: what the layer's norms and MLP are, a
+            :class:`~attention_lib.blocks.BlockSpec` (RMSNorm, gated MLPs,
+            sandwich norms of today's decoders); ``None`` (default) for the
+            ``LayerNorm`` and ReLU :class:`FeedForward` described above.
 
     A building block: its ``forward`` checks nothing itself; its
     self-attention, a :class:`~attention_lib.MultiHeadAttention`, validates
@@ -238,12 +243,16 @@ class EncoderLayer(nn.Module):
         *,
         layer_type: str | LayerSpec | None = None,
         layer_table: Mapping[str, LayerType] | None = None,
+        block: BlockSpec | None = None,
         **attention: Any,
     ) -> None:
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
         d_ff = 4 * d_model if d_ff is None else d_ff
-        self.norm1 = nn.LayerNorm(d_model)
+        if block is not None:
+            check_instance("block", block, BlockSpec, "a BlockSpec or None")
+        self.block = block
+        self.norm1 = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
         self.layer_type = self.spec = None
         self._table = LAYER_TYPES if layer_table is None else layer_table
         if layer_type is None:
@@ -256,9 +265,16 @@ class EncoderLayer(nn.Module):
             self.layer_type = self.spec.kind
             self.self_attn = self.spec.build(d_model, num_heads, dropout=dropout, table=self._table)
         self.dropout1 = nn.Dropout(dropout)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
+        self.norm2 = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
+        if block is None or block.mlp == "relu":
+            self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
+        else:  # a gated MLP (today's decoders)
+            self.ffn = block.make_mlp(d_model, d_ff)
         self.dropout2 = nn.Dropout(dropout)
+        # sandwich norms (Gemma 2 and 3): each sublayer's output is normalised too
+        sandwich = block is not None and block.sandwich
+        self.post_norm1 = block.make_norm(d_model) if sandwich else None
+        self.post_norm2 = block.make_norm(d_model) if sandwich else None
 
     def forward(
         self,
@@ -302,9 +318,7 @@ class EncoderLayer(nn.Module):
             positions=positions,
         )  # (B, L, d), or with (B, H, L, Lk) weights
         attn, weights = attended if need_weights else (attended, None)
-        x = x + self.dropout1(attn)
-        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
-        return (x, weights) if need_weights else x
+        return self._residuals(x, attn, weights)
 
     def mix(
         self, x: Tensor, step: Step, cache: Any, *, need_weights: bool = False
@@ -328,9 +342,19 @@ class EncoderLayer(nn.Module):
                 kv_cache=cache, positions=step.positions,
             )  # fmt: skip
         attn, weights = attended if need_weights else (attended, None)
+        return self._residuals(x, attn, weights)
+
+    def _residuals(self, x: Tensor, attn: Tensor, weights: Tensor | None) -> Any:
+        """``x + attn``, then ``x + ffn(norm2(x))``, each sublayer's output
+        normalised first in a sandwich block; with the weights if given."""
+        if self.post_norm1 is not None:
+            attn = self.post_norm1(attn)
         x = x + self.dropout1(attn)
-        x = x + self.dropout2(self.ffn(self.norm2(x)))  # (B, L, d)
-        return (x, weights) if need_weights else x
+        out = self.ffn(self.norm2(x))  # (B, L, d)
+        if self.post_norm2 is not None:
+            out = self.post_norm2(out)
+        x = x + self.dropout2(out)  # (B, L, d)
+        return x if weights is None else (x, weights)
 
     def make_cache(self) -> Any:
         """An empty cache for this layer: its layer type's ``make_cache``, or a
@@ -362,6 +386,9 @@ class Encoder(nn.Module):
             (default): every layer a ``MultiHeadAttention`` with the same options.
         nope_layers: indices of layers without RoPE (NoPE, Llama 4's global
             layers): their attention gets ``rope_base=None``.
+        block: every layer's norms and MLP, and the final norm's kind, a
+            :class:`~attention_lib.blocks.BlockSpec`; ``None`` (default):
+            ``LayerNorm`` and ReLU :class:`FeedForward`.
         **attention: the self-attention options of every layer (see
             :class:`EncoderLayer`).
 
@@ -383,6 +410,7 @@ class Encoder(nn.Module):
         layer_types: Sequence[str | LayerSpec] | None = None,
         nope_layers: Sequence[int] = (),
         layer_table: Mapping[str, LayerType] | None = None,
+        block: BlockSpec | None = None,
         **attention: Any,
     ) -> None:
         super().__init__()
@@ -402,11 +430,12 @@ class Encoder(nn.Module):
                 dropout,
                 layer_type=kind,
                 layer_table=layer_table,
+                block=block,
                 **(_without_rope(attention) if i in nope_layers else attention),
             )
             for i, kind in enumerate(kinds)
         )
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
 
     @staticmethod
     def num_parameters(d_model: int, num_layers: int, d_ff: int | None = None) -> int:

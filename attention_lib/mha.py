@@ -21,7 +21,6 @@ from .validation import (
     check_bool,
     check_choice,
     check_dropout_p,
-    check_instance,
     check_int,
     check_mask,
     check_positions,
@@ -372,8 +371,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         check_bool("need_weights", need_weights)
         past = 0
         if kv_cache is not None:
-            check_instance("kv_cache", kv_cache, LayerKVCache, "a LayerKVCache or None")
-            kv_cache.check_fits(batch, self.num_kv_heads, self.d_k, weight.dtype, weight.device)
+            self.check_cache(kv_cache, batch, weight.dtype, weight.device)
             past = len(kv_cache)
         if mask is not None:
             if isinstance(mask, Tensor) and mask.dim() == 3:  # would broadcast against (H, Lq, Lk)
@@ -383,14 +381,6 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             )
         if (self.window or self.chunk_size) and not is_causal:
             raise ValueError(f"window={self.window}, chunk_size={self.chunk_size}: pass is_causal")
-        if (
-            self.chunk_size
-            and kv_cache is not None
-            and (kv_cache.dropped % self.chunk_size or kv_cache.sink_tokens is not None)
-        ):
-            raise ValueError(f"kv_cache does not start a chunk of {self.chunk_size}: ChunkKVCache")
-        if kv_cache is not None and dict(self._scaling or ()).get("rope_type") == "dynamic":
-            raise ValueError("dynamic RoPE scaling changes with the length: no kv_cache")
         if self.rope_base is not None:
             start = 0 if kv_cache is None else kv_cache.position
             if positions is None:
