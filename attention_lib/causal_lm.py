@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .blocks import BlockSpec
 from .encoder import POSITIONAL_KINDS, Encoder, position_module
+from .hf_models import DecoderConverters
 from .kv_cache import KVCache
 from .layer_types import LayerSpec, LayerType
 from .protocols import Step
@@ -46,7 +47,7 @@ from .validation import (
 DECODER_POSITIONAL_KINDS = (*POSITIONAL_KINDS, "rope")
 
 
-class CausalLM(nn.Module):
+class CausalLM(DecoderConverters, nn.Module):
     """A decoder-only language model: embedding + positions + causal pre-LN blocks + head.
 
     ``logits[:, i]`` scores the token that follows ``tokens[:, : i + 1]``.
@@ -55,7 +56,8 @@ class CausalLM(nn.Module):
     ahead), followed by a final ``LayerNorm`` and a linear head.
 
     Explained in chapter 8, *Attention that writes*; layer types, chunks and
-    NoPE layers in chapter 14, *Long contexts*.
+    NoPE layers in chapter 14, *Long contexts*. :meth:`from_hf` builds one
+    from a 🤗 transformers decoder (Llama 3, Qwen3, Gemma 3, SmolLM3).
 
     Args:
         vocab_size: number of token ids ``0 .. vocab_size - 1``.
@@ -317,14 +319,11 @@ class CausalLM(nn.Module):
         """With ``batch``, each layer's mixer checks its cache (batch, shapes,
         dtype), here once per call; returns the tokens the cache has seen."""
         if batch is not None:
-            for layer in self.blocks.layers:
-                scaling = getattr(layer.self_attn, "rope_scaling", None) or {}
-                if scaling.get("rope_type") == "dynamic":  # turned at the length of a call
-                    raise ValueError("dynamic RoPE scaling changes with the length: no kv_cache")
             weight = self.embedding.weight
-            for layer, layer_cache in zip(self.blocks.layers, cache.layers):
-                if hasattr(layer.self_attn, "check_cache"):
-                    layer.self_attn.check_cache(layer_cache, batch, weight.dtype, weight.device)
+            for i, layer in enumerate(self.blocks.layers):
+                if hasattr(layer.self_attn, "check_cache"):  # a layer not run yet: an empty cache
+                    held = cache.layers[i] if i < len(cache.layers) else layer.make_cache()
+                    layer.self_attn.check_cache(held, batch, weight.dtype, weight.device)
         return cache.position
 
 

@@ -12,7 +12,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3MLP, Gemma3RMSNorm
 from transformers.models.llama.configuration_llama import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from attention_lib import CausalLM, MultiHeadAttention
+from attention_lib import CausalLM, KVCache, MultiHeadAttention, generate
 from attention_lib.blocks import BlockSpec, GatedMLP, RMSNorm
 
 # --- the blocks ------------------------------------------------------------------------
@@ -95,3 +95,108 @@ def test_head_dim_other_than_d_model_over_heads():
     assert (mha.W_q.out_features, mha.W_o.in_features, mha.W_k.out_features) == (64, 64, 32)
     x = torch.randn(2, 5, 32)
     assert mha(x, x, x, is_causal=True).shape == (2, 5, 32)
+
+
+# --- whole models: CausalLM.from_hf against transformers -------------------------------
+
+VOCAB = 97
+TINY = {  # a tiny config every family accepts; ids 0-2 are pad, bos, eos
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+LLAMA3_ROPE = {  # scaled from 32 positions on: the prompts and generations pass it
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+FAMILIES = {  # id: (config class, options); every window and scaling is reached below
+    "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "gemma3": (Gemma3TextConfig, {"num_hidden_layers": 6, "head_dim": 16, "sliding_window": 8}),
+    "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4}),  # layer 3 is NoPE
+}
+
+
+def hf_model(family: str, **options) -> nn.Module:
+    """A transformers ...ForCausalLM of ``family`` with random weights (norms too)."""
+    import transformers
+
+    config_class, family_options = FAMILIES[family]
+    if isinstance(config_class, str):
+        config_class = getattr(transformers, config_class)
+    config = config_class(**{**TINY, **family_options, **options})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms away from their initial 1 (or Gemma's 0)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(request):
+    theirs = hf_model(request.param)
+    return request.param, theirs, CausalLM.from_hf(theirs)
+
+
+def _prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three left-padded prompts of 1, 9 and 40 tokens, ``(3, 40)`` ids and mask."""
+    torch.manual_seed(1)
+    lengths = (1, 9, 40)
+    ids = torch.zeros(3, 40, dtype=torch.long)
+    mask = torch.zeros(3, 40, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, 40 - n :] = torch.randint(3, VOCAB, (n,))
+        mask[row, 40 - n :] = 1
+    return ids, mask
+
+
+def test_logits_equal_transformers(pair):
+    family, theirs, ours = pair
+    ids, mask = _prompts()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # each prompt counts from its first token
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask, position_ids=positions).logits
+        got = ours(ids, mask=mask.bool(), positions=positions)
+        alone = [theirs(ids[i : i + 1, 40 - n :]).logits for i, n in enumerate((1, 9, 40))]
+    real = mask.bool()
+    difference = (got - expected)[real].abs().max()
+    assert difference < 1e-4, f"{family}: {difference:.2e}"
+    for row, logits in enumerate(alone):  # and each prompt alone, unpadded
+        assert (got[row, 40 - logits.shape[1] :] - logits[0]).abs().max() < 1e-4
+
+
+def test_greedy_tokens_equal_transformers_generate(pair):
+    family, theirs, ours = pair
+    ids, mask = _prompts()
+    ids, mask = ids[1:], mask[1:]  # 9 and 40 tokens: past every window and scaling
+    expected = theirs.generate(
+        ids, attention_mask=mask, max_new_tokens=32, do_sample=False, eos_token_id=None
+    )
+    got = generate(ours, ids, 32, attention_mask=mask.bool())
+    assert torch.equal(got, expected), family
+
+
+def test_cached_decoding_equals_the_full_pass(pair):
+    family, _, ours = pair
+    ids, _ = _prompts()
+    sequence = torch.cat([ids[2:], torch.randint(3, VOCAB, (1, 20))], dim=1)  # (1, 60)
+    with torch.no_grad():
+        full = ours(sequence)
+        cache = KVCache()
+        steps = [ours(sequence[:, :30], cache=cache)]
+        steps += [ours(sequence[:, i : i + 1], cache=cache) for i in range(30, 60)]
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5, family
+    assert torch.equal(generate(ours, ids[2:], 32), generate(ours, ids[2:], 32, use_cache=False))

@@ -1,0 +1,292 @@
+"""Whole 🤗 transformers decoders as a :class:`~attention_lib.CausalLM`.
+
+:meth:`DecoderConverters.from_hf` (which
+:class:`~attention_lib.CausalLM` inherits: ``CausalLM.from_hf(model)``) reads a transformers ``...ForCausalLM`` layer by layer and
+builds the book's model from the same parts: each attention layer through
+:meth:`MultiHeadAttention.from_hf <attention_lib.convert.AttentionConverters.from_hf>` (RoPE and its scalings, grouped heads,
+QK-norm, windows, NoPE layers, ``head_dim``), the blocks as a
+:class:`~attention_lib.blocks.BlockSpec` (RMSNorm or Gemma's ``1 + w``,
+SwiGLU or GeGLU, pre-norm or sandwich norms), and the ends of the model
+(embedding scale, tied embeddings, final soft-capping). Each layer becomes a
+:class:`~attention_lib.layer_types.LayerSpec` (``"full"`` or ``"sliding"``,
+with its own RoPE base: Gemma 3's 10k local and 1M global layers), so
+``model.layer_specs`` is the model's table of layers.
+
+What is read is what the model *has* (its submodules, probed on inputs), not
+its class name. Whatever this package does not compute (a mixture-of-experts
+MLP, a norm or an activation of another kind, an attention layer
+``MultiHeadAttention.from_hf`` refuses, a decoder layer with other
+sublayers) is refused with a ``ValueError`` that names it; and the finished
+model is run once against the original on a short probe (``check=True``),
+so a computation that no field reveals (a multiplier in the model's own
+``forward``) is refused too, never converted silently wrong.
+
+Explained in the closing chapter of Part IV, *Assembling a 2026 model* (to be
+written).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .blocks import BlockSpec
+from .convert import rms_norm_offset
+from .layer_types import LayerSpec
+from .mha import MultiHeadAttention
+
+#: The sublayers of a pre-norm decoder layer, and of a sandwich one (Gemma 2, 3).
+_PRE_NORM = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+_SANDWICH = _PRE_NORM | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+#: The activations of the gated MLPs this package computes.
+_GATED = {"swiglu": F.silu, "geglu": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class DecoderConverters:
+    """The converter of :class:`~attention_lib.CausalLM`, which it inherits
+    (``CausalLM.from_hf(model)``): it builds ``cls`` from a whole 🤗
+    transformers decoder, or refuses the model by name.
+
+    Explained in the closing chapter of Part IV, *Assembling a 2026 model*
+    (to be written).
+    """
+
+    @classmethod
+    def from_hf(
+        cls,
+        model: nn.Module,
+        *,
+        backend: str = "lib",
+        max_len: int | None = None,
+        check: bool = True,
+    ) -> Self:
+        """The :class:`~attention_lib.CausalLM` that computes what a 🤗
+        transformers decoder-only model computes, or a ``ValueError`` naming
+        what it cannot reproduce.
+
+        Reproduced (tested on tiny random configs of transformers 5.24): Llama 3
+        (``"llama3"`` RoPE scaling), Qwen3 (QK-norm, ``head_dim``), Gemma 3's
+        text model (5 sliding : 1 full layers with their two RoPE bases,
+        ``1 + w`` RMSNorms, sandwich norms, GeGLU, embedding scale, tied
+        embeddings) and SmolLM3 (NoPE layers).
+
+        Refused, by name: a decoder layer whose sublayers are not those of a
+        pre-norm or a sandwich block (a mixture-of-experts MLP, a linear-attention
+        or latent-attention mixer, ...); an MLP that is not a gated MLP without
+        biases with SiLU or tanh-GELU; norms that are not RMSNorms of one form and
+        epsilon; a ``d_ff`` that differs between layers; an embedding that is not
+        a (scaled) lookup; and every attention layer
+        ``MultiHeadAttention.from_hf`` refuses (``"dynamic"`` RoPE,
+        a bias in some projections only, ...).
+
+        Explained in the closing chapter of Part IV, *Assembling a 2026 model*
+        (to be written).
+
+        Args:
+            model: a transformers ``...ForCausalLM`` with ``model.model``
+                (``embed_tokens``, ``layers``, ``norm``) and ``model.lm_head``.
+            backend: the attention backend of every layer.
+            max_len: the new model's ``max_len``; ``None`` for the config's
+                ``max_position_embeddings``.
+            check: run both models on a probe of a few tokens and refuse the
+                conversion if their logits differ (a computation no submodule
+                shows, such as Granite's multipliers).
+
+        Returns:
+            A new :class:`~attention_lib.CausalLM` with copied weights, in
+            ``model``'s training mode, dtype and device.
+
+        Raises:
+            TypeError: if ``model`` does not have that structure.
+            ValueError: naming the first part it cannot reproduce.
+        """
+        decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+        config = getattr(model, "config", None)
+        parts = [getattr(decoder, n, None) for n in ("embed_tokens", "layers", "norm")]
+        if not (
+            isinstance(parts[0], nn.Embedding)
+            and isinstance(parts[1], nn.ModuleList)
+            and isinstance(parts[2], nn.Module)
+            and isinstance(head, nn.Linear)
+            and config is not None
+        ):
+            what = "a transformers ...ForCausalLM (model.embed_tokens/layers/norm, lm_head, config)"
+            raise TypeError(f"model must be {what}, got {type(model).__name__}")
+        embedding, layers, final_norm = parts
+        d_model = embedding.embedding_dim
+        mixers = [_attention(layer, i, backend) for i, layer in enumerate(layers)]
+        blocks = [_block(layer, i, d_model) for i, layer in enumerate(layers)]
+        (block, d_ff), *others = blocks
+        if any(other != (block, d_ff) for other in others):
+            raise ValueError(f"cannot convert: the layers' blocks differ ({sorted(set(blocks))})")
+        if _norm_kind(final_norm, d_model, "the final norm") != (block.norm, block.eps):
+            raise ValueError("cannot convert: the final norm differs from the layers' norms")
+        scale = _embedding_scale(embedding)
+        ours = cls(
+            embedding.num_embeddings,
+            d_model,
+            mixers[0].num_heads,  # each layer's own attention replaces the one built here
+            len(layers),
+            max_len=max_len or int(getattr(config, "max_position_embeddings", 2048)),
+            d_ff=d_ff,
+            positional="rope",
+            backend=backend,
+            layer_types=[_spec(mixer) for mixer in mixers],
+            block=block,
+            tie_embeddings=head.weight is embedding.weight,
+            embed_scale=scale,
+            logit_softcap=getattr(config, "final_logit_softcapping", None),
+            head_bias=head.bias is not None,
+        ).to(dtype=embedding.weight.dtype, device=embedding.weight.device)
+        with torch.no_grad():
+            ours.embedding.weight.copy_(embedding.weight)
+            if ours.head.weight is not ours.embedding.weight:
+                ours.head.load_state_dict(head.state_dict())
+            elif head.bias is not None:
+                ours.head.bias.copy_(head.bias)
+            ours.blocks.norm.weight.copy_(final_norm.weight)
+            for theirs, layer, mixer in zip(layers, ours.blocks.layers, mixers):
+                layer.self_attn = mixer  # what convert.from_hf built (norm epsilons too)
+                _copy_block(theirs, layer, block)
+        ours.train(model.training)
+        if check:
+            _check_probe(model, ours)
+        return ours
+
+
+def _attention(layer: nn.Module, index: int, backend: str) -> MultiHeadAttention:
+    """Layer ``index``'s attention through :func:`attention_lib.convert.from_hf`."""
+    attention = getattr(layer, "self_attn", None)
+    if attention is None:
+        children = sorted(name for name, _ in layer.named_children())
+        raise ValueError(f"cannot convert layer {index}: no self_attn (it has {children})")
+    try:
+        return MultiHeadAttention.from_hf(attention, backend=backend)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"cannot convert layer {index}'s attention: {error}") from error
+
+
+def _block(layer: nn.Module, index: int, d_model: int) -> tuple[BlockSpec, int]:
+    """The :class:`BlockSpec` and ``d_ff`` of a decoder layer, or a ``ValueError``."""
+    children = {name for name, _ in layer.named_children()}
+    if children not in (_PRE_NORM, _SANDWICH):
+        mlp = type(getattr(layer, "mlp", None)).__name__
+        raise ValueError(
+            f"cannot convert layer {index}, whose sublayers {sorted(children)} (mlp: {mlp}) are"
+            f" not those of a pre-norm or sandwich block {sorted(_SANDWICH)}"
+        )
+    norms = {
+        _norm_kind(getattr(layer, name), d_model, f"layer {index}'s {name}")
+        for name in sorted(children)
+        if name.endswith("layernorm")
+    }
+    if len(norms) > 1:
+        raise ValueError(f"cannot convert layer {index}: its norms differ ({sorted(norms)})")
+    (norm, eps), mlp = norms.pop(), layer.mlp
+    kind, d_ff = _gated_mlp(mlp, index)
+    return BlockSpec(norm, mlp=kind, sandwich=children == _SANDWICH, eps=eps), d_ff
+
+
+def _norm_kind(norm: nn.Module, d_model: int, where: str) -> tuple[str, float]:
+    """(``"rms"`` or ``"rms_1p"``, epsilon) of a transformers RMSNorm."""
+    offset = rms_norm_offset(norm, d_model)
+    if offset is None:
+        raise ValueError(f"cannot convert {where}, a {type(norm).__name__}: not an RMSNorm")
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    return ("rms_1p" if offset else "rms"), eps
+
+
+def _gated_mlp(mlp: nn.Module, index: int) -> tuple[str, int]:
+    """(``"swiglu"`` or ``"geglu"``, ``d_ff``) of a gated MLP, or a ``ValueError``
+    naming what it is (a mixture of experts, biases, another activation)."""
+    children = {name: child for name, child in mlp.named_children()}
+    projections = [children.get(n) for n in ("gate_proj", "up_proj", "down_proj")]
+    linear = all(isinstance(p, nn.Linear) for p in projections)
+    if not linear or set(children) != {"gate_proj", "up_proj", "down_proj", "act_fn"}:
+        what = f"{type(mlp).__name__} with {sorted(children)}"
+        raise ValueError(
+            f"cannot convert layer {index}'s MLP, a {what}: not a gated MLP"
+            " (a mixture-of-experts MLP is not reproduced)"
+        )
+    if any(p.bias is not None for p in projections):
+        raise ValueError(f"cannot convert layer {index}'s MLP: biases in its projections")
+    x = torch.linspace(-6, 6, 97, dtype=projections[0].weight.dtype)
+    with torch.no_grad():
+        out = children["act_fn"](x)
+    for kind, activation in _GATED.items():
+        if torch.allclose(out, activation(x), rtol=0, atol=1e-6):
+            return kind, projections[0].out_features
+    name = type(children["act_fn"]).__name__
+    raise ValueError(
+        f"cannot convert layer {index}'s MLP: activation {name}, not SiLU or tanh-GELU"
+    )
+
+
+def _embedding_scale(embedding: nn.Embedding) -> float | None:
+    """``None`` for a plain lookup, the factor of a scaled one (Gemma's
+    ``sqrt(d_model)``), or a ``ValueError``."""
+    ids = torch.arange(min(embedding.num_embeddings, 16), device=embedding.weight.device)
+    with torch.no_grad():
+        looked_up, rows = embedding(ids), embedding.weight[ids]
+    scale = getattr(embedding, "scalar_embed_scale", None)
+    if type(embedding) is nn.Embedding or (scale is None and torch.equal(looked_up, rows)):
+        return None
+    if scale is not None and torch.allclose(looked_up, rows * scale, rtol=1e-6, atol=0):
+        return float(scale)
+    raise ValueError(f"cannot convert the embedding, a {type(embedding).__name__}: not a lookup")
+
+
+def _spec(mixer: MultiHeadAttention) -> LayerSpec:
+    """The :class:`LayerSpec` that builds a module like ``mixer``."""
+    options: dict[str, Any] = {
+        "num_kv_heads": mixer.num_kv_heads,
+        "rope_base": mixer.rope_base,
+        "rope_scaling": mixer.rope_scaling,
+        "scale": mixer.scale,
+        "qk_norm": mixer.q_norm is not None,
+        "softcap": mixer.softcap,
+        "sink": mixer.sink is not None,
+        "bias": mixer.W_q.bias is not None,
+        "head_dim": mixer.d_k,
+    }
+    if mixer.window is not None:
+        return LayerSpec("sliding", window=mixer.window, **options)
+    return LayerSpec("full", **options)
+
+
+def _copy_block(theirs: nn.Module, layer: nn.Module, block: BlockSpec) -> None:
+    """Copy a transformers decoder layer's norms and MLP into ``layer``."""
+    norms = {
+        "norm1": "input_layernorm",
+        "norm2": "pre_feedforward_layernorm" if block.sandwich else "post_attention_layernorm",
+    }
+    if block.sandwich:
+        norms |= {
+            "post_norm1": "post_attention_layernorm",
+            "post_norm2": "post_feedforward_layernorm",
+        }
+    for ours, name in norms.items():
+        getattr(layer, ours).weight.copy_(getattr(theirs, name).weight)
+    for ours in ("gate", "up", "down"):
+        getattr(layer.ffn, ours).weight.copy_(getattr(theirs.mlp, f"{ours}_proj").weight)
+
+
+def _check_probe(model: nn.Module, ours: nn.Module) -> None:
+    """Refuse the conversion if the two models' logits differ on a probe."""
+    weight = ours.embedding.weight
+    length = min(8, ours.max_len)
+    tokens = torch.arange(length, device=weight.device)[None] * 7 % ours.vocab_size  # (1, L)
+    with torch.no_grad():
+        expected: Tensor = model(tokens).logits
+        got = ours(tokens)
+    scale = float(expected.abs().max()) + 1.0
+    tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 3e-2
+    difference = float((got - expected).abs().max())
+    if difference > tolerance * scale:
+        raise ValueError(
+            f"cannot convert {type(model).__name__}: the converted model's logits differ by"
+            f" {difference:.3g} on a probe (it computes something no submodule shows)"
+        )
