@@ -29,7 +29,6 @@ from .sdpa import attend
 from .validation import (
     check_base,
     check_bool,
-    check_instance,
     check_int,
     check_mask,
     check_positions,
@@ -355,11 +354,7 @@ class MultiHeadLatentAttention(nn.Module):
         batch, length, _ = x.shape
         past = 0
         if kv_cache is not None:
-            check_instance("kv_cache", kv_cache, LatentKVCache, "a LatentKVCache or None")
-            index_width = 0 if self.indexer is None else self.indexer.head_dim
-            ours = (batch, self.kv_lora_rank, self.qk_rope_head_dim, index_width)
-            if kv_cache.layout() not in (None, (*ours, weight.dtype, weight.device)):
-                raise ValueError(f"kv_cache holds {kv_cache.layout()}, not {ours}, {weight.dtype}")
+            self.check_cache(kv_cache, batch, weight.dtype, weight.device)
             past = len(kv_cache)
         if mask is not None:
             mask = check_mask(mask, (batch, self.num_heads, length, past + length), device=x.device)
