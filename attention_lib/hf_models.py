@@ -37,6 +37,7 @@ from .blocks import BlockSpec
 from .convert import rms_norm_offset
 from .layer_types import LayerSpec
 from .mha import MultiHeadAttention
+from .mla import MultiHeadLatentAttention
 
 #: The sublayers of a pre-norm decoder layer, and of a sandwich one (Gemma 2, 3).
 _PRE_NORM = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
@@ -157,13 +158,21 @@ class DecoderConverters:
         return ours
 
 
-def _attention(layer: nn.Module, index: int, backend: str) -> MultiHeadAttention:
-    """Layer ``index``'s attention through :func:`attention_lib.convert.from_hf`."""
+def _attention(
+    layer: nn.Module, index: int, backend: str
+) -> MultiHeadAttention | MultiHeadLatentAttention:
+    """Layer ``index``'s attention: ``MultiHeadAttention.from_hf``, or
+    ``MultiHeadLatentAttention.from_hf`` for DeepSeek's latent layers (those
+    with a ``kv_b_proj``; without DeepSeek-V3.2's indexer)."""
     attention = getattr(layer, "self_attn", None)
     if attention is None:
         children = sorted(name for name, _ in layer.named_children())
         raise ValueError(f"cannot convert layer {index}: no self_attn (it has {children})")
     try:
+        if hasattr(attention, "kv_b_proj"):  # MLA (chapter 15)
+            if getattr(attention, "indexer", None) is not None:
+                raise ValueError("DSA's lightning indexer (DeepSeek-V3.2) is not converted here")
+            return MultiHeadLatentAttention.from_hf(attention)
         return MultiHeadAttention.from_hf(attention, backend=backend)
     except (TypeError, ValueError) as error:
         raise ValueError(f"cannot convert layer {index}'s attention: {error}") from error
@@ -239,8 +248,14 @@ def _embedding_scale(embedding: nn.Embedding) -> float | None:
     raise ValueError(f"cannot convert the embedding, a {type(embedding).__name__}: not a lookup")
 
 
-def _spec(mixer: MultiHeadAttention) -> LayerSpec:
-    """The :class:`LayerSpec` that builds a module like ``mixer``."""
+def _spec(mixer: MultiHeadAttention | MultiHeadLatentAttention) -> LayerSpec:
+    """The :class:`LayerSpec` that builds a module like ``mixer`` (an MLA
+    layer's without its RoPE scaling, which the layer table does not pass:
+    the converted module, which replaces the one built, has it)."""
+    if isinstance(mixer, MultiHeadLatentAttention):
+        sizes = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        sizes += ("q_lora_rank", "rope_base", "scale")
+        return LayerSpec("mla", **{name: getattr(mixer, name) for name in sizes})
     options: dict[str, Any] = {
         "num_kv_heads": mixer.num_kv_heads,
         "rope_base": mixer.rope_base,

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from .dsa import LightningIndexer, select_top_k, top_k_mask
 from .masks import Causal, with_causal
 from .protocols import Step
-from .rope import check_d_head, rope_cos_sin, rotate_pairs
+from .rope import check_d_head, check_rope_scaling, rope_cos_sin, rotate_pairs
 from .sdpa import attend
 from .validation import (
     check_base,
@@ -180,6 +180,9 @@ class MultiHeadLatentAttention(nn.Module):
         q_lora_rank: width of the query latent (1536), or ``None`` for a
             full ``W_q`` (DeepSeek-V2-Lite).
         rope_base: RoPE base (10000 in DeepSeek-V3).
+        rope_scaling: a RoPE ``scaling`` dict in 🤗 transformers' format, as
+            :class:`~attention_lib.MultiHeadAttention`'s (DeepSeek-V3's
+            published config uses ``"yarn"``; chapter 14), or ``None``.
         absorb: attend in the latent space (see above).
         index_topk: with an int ``k``, DSA: attend to ``k`` keys per query.
         index_heads: the indexer's heads ``H_I`` (64 in DeepSeek-V3.2).
@@ -228,6 +231,7 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: int,
         q_lora_rank: int | None = None,
         rope_base: float = 10000.0,
+        rope_scaling: dict | None = None,
         absorb: bool = False,
         index_topk: int | None = None,
         index_heads: int = 4,
@@ -252,6 +256,10 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
         self.v_head_dim = v_head_dim
         self.rope_base = check_base(rope_base)
+        self._scaling = check_rope_scaling(rope_scaling, self.rope_base)
+        if dict(self._scaling or ()).get("rope_type") == "dynamic":  # turned per call length
+            raise ValueError("dynamic RoPE scaling is not reproduced by latent attention")
+        self.rope_scaling = None if rope_scaling is None else dict(rope_scaling)
         self.absorb = check_bool("absorb", absorb)
         qk_dim = qk_nope_head_dim + qk_rope_head_dim
         self.scale = qk_dim**-0.5 if scale is None else check_real("scale", scale, above=0)
@@ -387,7 +395,13 @@ class MultiHeadLatentAttention(nn.Module):
         """The computation of :meth:`forward`, without checks: ``keep`` is a bool
         keep-mask or ``None``, ``causal`` a :class:`~attention_lib.masks.Causal`
         or ``None``, ``positions`` integer ``(L,)`` or ``(B, L)``."""
-        angles = rope_cos_sin(positions, self.qk_rope_head_dim, base=self.rope_base, dtype=x.dtype)
+        angles = rope_cos_sin(
+            positions,
+            self.qk_rope_head_dim,
+            base=self.rope_base,
+            dtype=x.dtype,
+            scaling=self._scaling,
+        )
         return self._attend(x, keep, causal, kv_cache, angles)  # (.., L, d_r/2) each
 
     def mix(
@@ -408,7 +422,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError("MultiHeadLatentAttention returns no attention weights")
         past = 0 if cache is None else len(cache)
         keep = step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L) or None
-        angles = step.rope(self.qk_rope_head_dim, self.rope_base, x.dtype)
+        angles = step.rope(self.qk_rope_head_dim, self.rope_base, x.dtype, self._scaling)
         return self._attend(x, keep, Causal(past) if step.causal else None, cache, angles)
 
     def check_cache(
@@ -536,8 +550,11 @@ class MultiHeadLatentAttention(nn.Module):
     def from_hf(cls, layer: nn.Module, *, absorb: bool = False) -> MultiHeadLatentAttention:
         """The module that computes the same function as a 🤗 transformers
         ``DeepseekV3Attention`` (or ``DeepseekV32Attention``, with its indexer),
-        weights copied; a ``ValueError`` for what it cannot reproduce (a
-        non-default RoPE such as YaRN, or RoPE that is not interleaved).
+        weights copied; a ``ValueError`` for what it cannot reproduce (a RoPE
+        other than the default or YaRN, or RoPE that is not interleaved).
+        YaRN (DeepSeek-V3's published config) is reproduced: its frequencies
+        and attention factor in the rotation, its ``mscale_all_dim`` in the
+        layer's score scale.
 
         Explained in chapter 15, *Latent and sparse attention*.
 
@@ -550,10 +567,12 @@ class MultiHeadLatentAttention(nn.Module):
             )
         config = layer.config
         rope = dict(getattr(config, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default" or not getattr(
-            config, "rope_interleave", True
-        ):
-            raise ValueError(f"only default, interleaved RoPE is reproduced, got {rope}")
+        kind = rope.get("rope_type", "default")
+        if kind not in ("default", "yarn") or not getattr(config, "rope_interleave", True):
+            raise ValueError(f"only default or yarn, interleaved RoPE is reproduced, got {rope}")
+        scaling = None
+        if kind == "yarn":  # the fields rope_frequencies knows; any other is refused there
+            scaling = {k: v for k, v in rope.items() if k != "rope_theta" and v is not None}
         indexer = getattr(layer, "indexer", None)
         weight = layer.o_proj.weight
         index = (
@@ -574,6 +593,7 @@ class MultiHeadLatentAttention(nn.Module):
             v_head_dim=config.v_head_dim,
             q_lora_rank=config.q_lora_rank,
             rope_base=rope.get("rope_theta", 10000.0),
+            rope_scaling=scaling,
             absorb=absorb,
             scale=layer.scaling,
             bias=layer.o_proj.bias is not None,

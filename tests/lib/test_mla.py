@@ -65,6 +65,20 @@ class HF:
 X = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(1))
 
 
+#: DeepSeek-V3's YaRN (mscale 1, mscale_all_dim 1: an attention factor and a score
+#: scale), trained on 4 positions: X's 11 pass it
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 1e4,
+    "factor": 4.0,
+    "original_max_position_embeddings": 4,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
 def tiny(**options) -> MultiHeadLatentAttention:
     torch.manual_seed(3)
     return MultiHeadLatentAttention(D_MODEL, HEADS, **{**SIZES, **options}).eval()
@@ -78,8 +92,9 @@ def tiny(**options) -> MultiHeadLatentAttention:
         {"q_lora_rank": None},
         {"attention_bias": True},
         {"rope_parameters": {"rope_theta": 50.0}},
+        {"rope_parameters": YARN},
     ],
-    ids=["q-lora", "full-W_q", "bias", "base-50"],
+    ids=["q-lora", "full-W_q", "bias", "base-50", "yarn"],
 )
 def test_equals_deepseek_v3_attention(options, absorb):
     hf = HF(**options)
@@ -103,9 +118,9 @@ def test_cached_decoding_equals_deepseek_v3_with_its_cache():
 
 
 def test_from_hf_refuses_what_it_cannot_reproduce():
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    dynamic = {"rope_type": "dynamic", "factor": 4.0}
     with pytest.raises(ValueError, match="RoPE"):
-        MultiHeadLatentAttention.from_hf(HF(rope_parameters={"rope_theta": 1e4, **yarn}).layer)
+        MultiHeadLatentAttention.from_hf(HF(rope_parameters={"rope_theta": 1e4, **dynamic}).layer)
     with pytest.raises(ValueError, match="RoPE"):
         MultiHeadLatentAttention.from_hf(HF(rope_interleave=False).layer)
     with pytest.raises(TypeError, match="DeepseekV3Attention or DeepseekV32Attention"):

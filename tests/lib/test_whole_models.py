@@ -120,11 +120,33 @@ LLAMA3_ROPE = {  # scaled from 32 positions on: the prompts and generations pass
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
 }
+DEEPSEEK_YARN = {  # DeepSeek-V3's published kind, trained on 16 positions here
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+MLA = {  # DeepSeek-V3's latent attention, small; every layer dense (no MoE)
+    "q_lora_rank": 24,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 6,
+    "first_k_dense_replace": 2,
+}
 FAMILIES = {  # id: (config class, options); every window and scaling is reached below
     "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "gemma3": (Gemma3TextConfig, {"num_hidden_layers": 6, "head_dim": 16, "sliding_window": 8}),
     "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4}),  # layer 3 is NoPE
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {**MLA, "num_key_value_heads": 4, "rope_parameters": DEEPSEEK_YARN},
+    ),
 }
 
 
