@@ -111,6 +111,7 @@ TINY = {  # a tiny config every family accepts; ids 0-2 are pad, bos, eos
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
+    "initializer_range": 0.1,  # logits of order 1, not 0.1
 }
 LLAMA3_ROPE = {  # scaled from 32 positions on: the prompts and generations pass it
     "rope_type": "llama3",
@@ -151,10 +152,11 @@ FAMILIES = {  # id: (config class, options); every window and scaling is reached
 
 
 def hf_model(family: str, **options) -> nn.Module:
-    """A transformers ...ForCausalLM of ``family`` with random weights (norms too)."""
+    """A transformers ...ForCausalLM of ``family`` (a name of FAMILIES or of a
+    config class) with random weights (norms too)."""
     import transformers
 
-    config_class, family_options = FAMILIES[family]
+    config_class, family_options = FAMILIES.get(family, (family, {}))
     if isinstance(config_class, str):
         config_class = getattr(transformers, config_class)
     config = config_class(**{**TINY, **family_options, **options})
@@ -162,7 +164,7 @@ def hf_model(family: str, **options) -> nn.Module:
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # norms away from their initial 1 (or Gemma's 0)
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("bias"):  # (transformers zeroes biases)
                 p.add_(torch.randn_like(p) * 0.2)
     return model
 
@@ -222,3 +224,54 @@ def test_cached_decoding_equals_the_full_pass(pair):
         steps += [ours(sequence[:, i : i + 1], cache=cache) for i in range(30, 60)]
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5, family
     assert torch.equal(generate(ours, ids[2:], 32), generate(ours, ids[2:], 32, use_cache=False))
+
+
+# --- refusals: each names the feature, and the feature changes transformers' output ----
+
+DYNAMIC = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
+GRANITE = {"embedding_multiplier": 2.0, "logits_scaling": 4.0, "residual_multiplier": 0.5}
+MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1}
+REFUSED = {  # id: (family, its options, a keyword of the message, the family without it)
+    "moe-layer": (
+        "deepseek_v3",
+        {"first_k_dense_replace": 1, "moe_intermediate_size": 16, **MOE},
+        "mixture-of-experts",
+        ("deepseek_v3", {}),
+    ),
+    "dynamic-rope": (
+        "LlamaConfig",
+        {"rope_parameters": DYNAMIC, "max_position_embeddings": 16},
+        "RoPE",
+        ("LlamaConfig", {"max_position_embeddings": 16}),
+    ),
+    "qkv-bias-only": ("Qwen2Config", {}, "bias in some projections", ("LlamaConfig", {})),
+    "mlp-bias": ("LlamaConfig", {"mlp_bias": True}, "biases", ("LlamaConfig", {})),
+    "exact-gelu": ("LlamaConfig", {"hidden_act": "gelu"}, "activation", ("LlamaConfig", {})),
+    "granite-multipliers": (  # no submodule shows them: the probe run refuses
+        "GraniteConfig",
+        {**GRANITE, "attention_multiplier": 0.25},
+        "differ by",
+        ("GraniteConfig", {"attention_multiplier": 0.25}),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_refusals_name_the_feature_and_the_feature_matters(case):
+    family, options, keyword, (plain_family, plain_options) = REFUSED[case]
+    featured = hf_model(family, **options)
+    with pytest.raises(ValueError, match=keyword):
+        CausalLM.from_hf(featured, max_len=64)
+    plain = hf_model(plain_family, **plain_options)  # the same weights, without the feature
+    plain.load_state_dict(featured.state_dict(), strict=False)
+    ours = CausalLM.from_hf(plain, max_len=64)
+    ids, _ = _prompts()
+    with torch.no_grad():
+        without = plain(ids[2:]).logits
+        assert (ours(ids[2:]) - without).abs().max() < 1e-4  # reproduced without it
+        assert (featured(ids[2:]).logits - without).abs().max() > 1e-3  # it matters
+
+
+def test_refuses_what_is_not_a_decoder():
+    with pytest.raises(TypeError, match="ForCausalLM"):
+        CausalLM.from_hf(nn.Linear(3, 3))
