@@ -165,6 +165,10 @@ def _attention(
     ``MultiHeadLatentAttention.from_hf`` for DeepSeek's latent layers (those
     with a ``kv_b_proj``; without DeepSeek-V3.2's indexer)."""
     attention = getattr(layer, "self_attn", None)
+    linear = getattr(layer, "linear_attn", None)
+    if linear is not None:  # Qwen3-Next: Gated DeltaNet with fewer q/k heads than v heads
+        name = type(linear).__name__
+        raise ValueError(f"cannot convert layer {index}, a linear-attention layer ({name})")
     if attention is None:
         children = sorted(name for name, _ in layer.named_children())
         raise ValueError(f"cannot convert layer {index}: no self_attn (it has {children})")

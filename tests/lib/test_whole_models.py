@@ -272,6 +272,23 @@ def test_refusals_name_the_feature_and_the_feature_matters(case):
         assert (featured(ids[2:]).logits - without).abs().max() > 1e-3  # it matters
 
 
+def test_refuses_qwen3_next_linear_attention_layers():
+    qwen3_next = hf_model(
+        "Qwen3NextConfig",
+        num_hidden_layers=4,  # 3 linear : 1 full, every MLP dense
+        head_dim=8,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        mlp_only_layers=[0, 1, 2, 3],
+    )
+    with pytest.raises(ValueError, match="linear-attention layer"):
+        CausalLM.from_hf(qwen3_next)
+    with pytest.raises(ValueError, match="RoPE"):  # its full layers: partial RoPE
+        MultiHeadAttention.from_hf(qwen3_next.model.layers[3].self_attn)
+
+
 def test_refuses_what_is_not_a_decoder():
     with pytest.raises(TypeError, match="ForCausalLM"):
         CausalLM.from_hf(nn.Linear(3, 3))
