@@ -15,3 +15,28 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def validation_calls():
+    """``validation_calls(run)``: the calls into ``attention_lib/validation.py`` while
+    ``run()`` runs. A profiler counts the frames of that file: no name is patched."""
+    import sys
+
+    from attention_lib import validation
+
+    def count(run) -> int:
+        calls = 0
+
+        def profile(frame, event, arg):
+            nonlocal calls
+            calls += event == "call" and frame.f_code.co_filename == validation.__file__
+
+        sys.setprofile(profile)
+        try:
+            run()
+        finally:
+            sys.setprofile(None)
+        return calls
+
+    return count

@@ -4,12 +4,10 @@ that computes its layers; and the model validates once per call, not per layer."
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
-from attention_lib import CausalLM, KVCache, LatentKVCache, generate, validation
+from attention_lib import CausalLM, KVCache, LatentKVCache, generate
 from attention_lib.backends import available_backends
 from attention_lib.gated_deltanet import LayerStateCache
 from attention_lib.layer_types import LAYER_TYPES, LayerSpec, LayerType
@@ -145,32 +143,14 @@ def test_a_model_may_bring_its_own_layer_table() -> None:
 # --- validation once per call -------------------------------------------------------
 
 
-def _validation_calls(run) -> int:
-    """Calls into attention_lib/validation.py while ``run()`` runs (a profiler
-    counts the frames of that file: no name is patched)."""
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        if event == "call" and frame.f_code.co_filename == validation.__file__:
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
-def _decode_calls(num_layers: int, **options) -> int:
+def _decode_calls(validation_calls, num_layers: int, **options) -> int:
     torch.manual_seed(0)
     model = CausalLM(V, D, HEADS, num_layers, max_len=32, **options).eval()
     cache = KVCache()
     with torch.no_grad():
         model(torch.randint(V, (2, 5)), cache=cache)
         token = torch.randint(V, (2, 1))
-        return _validation_calls(lambda: model(token, cache=cache))
+        return validation_calls(lambda: model(token, cache=cache))
 
 
 @pytest.mark.parametrize(
@@ -181,37 +161,39 @@ def _decode_calls(num_layers: int, **options) -> int:
      {"layer_types": ["linear", "linear", "linear", "full"], "positional": "rope"},
      {"layer_types": ["linear", "chunked", "mla", "sliding"], "window": 4, "chunk_size": 4}],
 )  # fmt: skip
-def test_one_decoded_token_makes_a_few_validation_calls_whatever_the_depth(options) -> None:
-    four = _decode_calls(4, **options)
+def test_one_decoded_token_makes_a_few_validation_calls_whatever_the_depth(
+    options, validation_calls
+) -> None:
+    four = _decode_calls(validation_calls, 4, **options)
     deep_options = dict(options)
     if "layer_types" in options:
         deep_options["layer_types"] = options["layer_types"] * 4
-    sixteen = _decode_calls(16, **deep_options)
+    sixteen = _decode_calls(validation_calls, 16, **deep_options)
     assert four <= 16 and sixteen <= four + 2, (four, sixteen)
 
 
-def test_generate_and_the_engine_validate_once_per_token() -> None:
+def test_generate_and_the_engine_validate_once_per_token(validation_calls) -> None:
     calls = {}
     for layers in (4, 16):
         torch.manual_seed(0)
         model = CausalLM(V, D, HEADS, layers, max_len=32, positional="rope").eval()
         prompt = torch.randint(V, (2, 5))
-        one = _validation_calls(lambda m=model, p=prompt: generate(m, p, 1))
-        three = _validation_calls(lambda m=model, p=prompt: generate(m, p, 3))
+        one = validation_calls(lambda m=model, p=prompt: generate(m, p, 1))
+        three = validation_calls(lambda m=model, p=prompt: generate(m, p, 3))
         engine = Engine(model, num_blocks=16, block_size=4, max_batch_size=2)
         for i in range(2):
             engine.submit(Request(prompt[i], max_new_tokens=6))
         engine.step()  # admits (prefills) both
-        calls[layers] = ((three - one) / 2, _validation_calls(engine.step))
+        calls[layers] = ((three - one) / 2, validation_calls(engine.step))
     assert all(per_token <= 16 and step <= 16 for per_token, step in calls.values()), calls
     assert calls[16][0] <= calls[4][0] + 2 and calls[16][1] <= calls[4][1] + 2, calls
 
 
-def test_public_modules_called_directly_still_validate() -> None:
+def test_public_modules_called_directly_still_validate(validation_calls) -> None:
     model = CausalLM(V, D, HEADS, 1, max_len=32, positional="rope")
     attention = model.blocks.layers[0].self_attn
     x = torch.randn(1, 3, D)
-    assert _validation_calls(lambda: attention(x, x, x, is_causal=True)) > 3
+    assert validation_calls(lambda: attention(x, x, x, is_causal=True)) > 3
     with pytest.raises(ValueError, match="query"):
         attention(x[0], x, x)
     with pytest.raises(TypeError, match="kv_cache"):
