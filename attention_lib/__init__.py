@@ -170,3 +170,8 @@ from .gated_deltanet import GatedDeltaNet, LayerStateCache
 from .linear_attention import gated_delta_rule, linear_attention
 
 __all__ += ["GatedDeltaNet", "LayerStateCache", "gated_delta_rule", "linear_attention"]
+
+# --- whole models: the blocks of today's decoders (CausalLM.from_hf, issue 35)
+from .blocks import BlockSpec, GatedMLP, RMSNorm
+
+__all__ += ["BlockSpec", "GatedMLP", "RMSNorm"]

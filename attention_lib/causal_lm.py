@@ -92,7 +92,7 @@ class CausalLM(DecoderConverters, nn.Module):
         nope_layers: indices of the layers that get no RoPE (NoPE, Llama 4's
             global layers), with ``positional="rope"``.
         block: the norms and MLP of every block and the final norm, a
-            :class:`~attention_lib.blocks.BlockSpec` (RMSNorm, SwiGLU/GeGLU,
+            :class:`~attention_lib.BlockSpec` (RMSNorm, SwiGLU/GeGLU,
             sandwich norms); ``None`` (default): ``LayerNorm`` and a ReLU MLP.
         tie_embeddings: the head reads the embedding matrix (one weight for
             both, as Gemma and small Llamas and Qwens).

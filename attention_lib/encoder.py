@@ -218,7 +218,7 @@ class EncoderLayer(nn.Module):
             builds the token mixer from these options (chapter 14);
             ``None`` (default) for a ``MultiHeadAttention``.
         block: what the layer's norms and MLP are, a
-            :class:`~attention_lib.blocks.BlockSpec` (RMSNorm, gated MLPs,
+            :class:`~attention_lib.BlockSpec` (RMSNorm, gated MLPs,
             sandwich norms of today's decoders); ``None`` (default) for the
             ``LayerNorm`` and ReLU :class:`FeedForward` described above.
 
@@ -387,7 +387,7 @@ class Encoder(nn.Module):
         nope_layers: indices of layers without RoPE (NoPE, Llama 4's global
             layers): their attention gets ``rope_base=None``.
         block: every layer's norms and MLP, and the final norm's kind, a
-            :class:`~attention_lib.blocks.BlockSpec`; ``None`` (default):
+            :class:`~attention_lib.BlockSpec`; ``None`` (default):
             ``LayerNorm`` and ReLU :class:`FeedForward`.
         **attention: the self-attention options of every layer (see
             :class:`EncoderLayer`).

@@ -1,25 +1,26 @@
 """Whole 🤗 transformers decoders as a :class:`~attention_lib.CausalLM`.
 
-:meth:`DecoderConverters.from_hf` (which
-:class:`~attention_lib.CausalLM` inherits: ``CausalLM.from_hf(model)``) reads a transformers ``...ForCausalLM`` layer by layer and
-builds the book's model from the same parts: each attention layer through
-:meth:`MultiHeadAttention.from_hf <attention_lib.convert.AttentionConverters.from_hf>` (RoPE and its scalings, grouped heads,
-QK-norm, windows, NoPE layers, ``head_dim``), the blocks as a
-:class:`~attention_lib.blocks.BlockSpec` (RMSNorm or Gemma's ``1 + w``,
-SwiGLU or GeGLU, pre-norm or sandwich norms), and the ends of the model
-(embedding scale, tied embeddings, final soft-capping). Each layer becomes a
-:class:`~attention_lib.layer_types.LayerSpec` (``"full"`` or ``"sliding"``,
-with its own RoPE base: Gemma 3's 10k local and 1M global layers), so
-``model.layer_specs`` is the model's table of layers.
+``CausalLM.from_hf(model)`` (:meth:`~attention_lib.CausalLM.from_hf`, which
+``CausalLM`` inherits from ``DecoderConverters``) reads a transformers
+``...ForCausalLM`` layer by layer and builds the book's model from the same
+parts: each attention layer through ``MultiHeadAttention.from_hf`` (RoPE and
+its scalings, grouped heads, QK-norm, windows, NoPE layers, ``head_dim``) or
+``MultiHeadLatentAttention.from_hf`` (DeepSeek's MLA, with YaRN), the blocks
+as a :class:`~attention_lib.BlockSpec` (RMSNorm or Gemma's ``1 + w``, SwiGLU
+or GeGLU, pre-norm or sandwich norms), and the ends of the model (embedding
+scale, tied embeddings, final soft-capping). Each layer becomes a
+:class:`~attention_lib.layer_types.LayerSpec` (``"full"``, ``"sliding"`` with
+its own RoPE base, as Gemma 3's 10k local and 1M global layers, or
+``"mla"``), so ``model.layer_specs`` is the model's table of layers.
 
 What is read is what the model *has* (its submodules, probed on inputs), not
 its class name. Whatever this package does not compute (a mixture-of-experts
-MLP, a norm or an activation of another kind, an attention layer
-``MultiHeadAttention.from_hf`` refuses, a decoder layer with other
-sublayers) is refused with a ``ValueError`` that names it; and the finished
-model is run once against the original on a short probe (``check=True``),
-so a computation that no field reveals (a multiplier in the model's own
-``forward``) is refused too, never converted silently wrong.
+MLP, a linear-attention layer, a norm or an activation of another kind, an
+attention layer that ``MultiHeadAttention.from_hf`` refuses, a decoder layer
+with other sublayers) is refused with a ``ValueError`` that names it; and the
+finished model is run once against the original on a short probe
+(``check=True``), so a computation that no submodule shows (a multiplier in
+the model's own ``forward``) is refused too, never converted silently wrong.
 
 Explained in the closing chapter of Part IV, *Assembling a 2026 model* (to be
 written).
@@ -72,11 +73,13 @@ class DecoderConverters:
         (``"llama3"`` RoPE scaling), Qwen3 (QK-norm, ``head_dim``), Gemma 3's
         text model (5 sliding : 1 full layers with their two RoPE bases,
         ``1 + w`` RMSNorms, sandwich norms, GeGLU, embedding scale, tied
-        embeddings) and SmolLM3 (NoPE layers).
+        embeddings), SmolLM3 (NoPE layers) and DeepSeek-V3 with dense layers
+        (MLA with YaRN).
 
-        Refused, by name: a decoder layer whose sublayers are not those of a
-        pre-norm or a sandwich block (a mixture-of-experts MLP, a linear-attention
-        or latent-attention mixer, ...); an MLP that is not a gated MLP without
+        Refused, by name: a linear-attention layer (Qwen3-Next's Gated
+        DeltaNet), DeepSeek-V3.2's indexer, a decoder layer whose sublayers
+        are not those of a pre-norm or a sandwich block (a mixture-of-experts
+        MLP, ...); an MLP that is not a gated MLP without
         biases with SiLU or tanh-GELU; norms that are not RMSNorms of one form and
         epsilon; a ``d_ff`` that differs between layers; an embedding that is not
         a (scaled) lookup; and every attention layer
