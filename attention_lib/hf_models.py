@@ -39,6 +39,7 @@ from .convert import rms_norm_offset
 from .layer_types import LayerSpec
 from .mha import MultiHeadAttention
 from .mla import MultiHeadLatentAttention
+from .validation import check_bool
 
 #: The sublayers of a pre-norm decoder layer, and of a sandwich one (Gemma 2, 3).
 _PRE_NORM = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
@@ -73,8 +74,8 @@ class DecoderConverters:
         (``"llama3"`` RoPE scaling), Qwen3 (QK-norm, ``head_dim``), Gemma 3's
         text model (5 sliding : 1 full layers with their two RoPE bases,
         ``1 + w`` RMSNorms, sandwich norms, GeGLU, embedding scale, tied
-        embeddings), SmolLM3 (NoPE layers) and DeepSeek-V3 with dense layers
-        (MLA with YaRN).
+        embeddings), Gemma 2 (attention and final logit soft-capping), SmolLM3
+        (NoPE layers) and DeepSeek-V3 with dense layers (MLA with YaRN).
 
         Refused, by name: a linear-attention layer (Qwen3-Next's Gated
         DeltaNet), DeepSeek-V3.2's indexer, a decoder layer whose sublayers
@@ -107,6 +108,7 @@ class DecoderConverters:
             TypeError: if ``model`` does not have that structure.
             ValueError: naming the first part it cannot reproduce.
         """
+        check_bool("check", check)
         decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         config = getattr(model, "config", None)
         parts = [getattr(decoder, n, None) for n in ("embed_tokens", "layers", "norm")]

@@ -139,11 +139,18 @@ MLA = {  # DeepSeek-V3's latent attention, small; every layer dense (no MoE)
     "v_head_dim": 6,
     "first_k_dense_replace": 2,
 }
+GEMMA2_CAPS = {  # small caps, reached by logits of order 1
+    "head_dim": 16,
+    "sliding_window": 8,
+    "final_logit_softcapping": 3.0,
+    "attn_logit_softcapping": 5.0,
+}
 FAMILIES = {  # id: (config class, options); every window and scaling is reached below
     "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "gemma3": (Gemma3TextConfig, {"num_hidden_layers": 6, "head_dim": 16, "sliding_window": 8}),
     "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4}),  # layer 3 is NoPE
+    "gemma2": ("Gemma2Config", {"num_hidden_layers": 4, **GEMMA2_CAPS}),  # soft-capping
     "deepseek_v3": (
         "DeepseekV3Config",
         {**MLA, "num_key_value_heads": 4, "rope_parameters": DEEPSEEK_YARN},
