@@ -127,10 +127,21 @@ __all__ += [
 ]
 
 # --- serving attention: paged KV cache, continuous batching (chapter 11)
-from .paged_cache import PagedBatch, PagedKVCache, PagedLayer
-from .serving import Engine, Request
+from .paged_attention import paged_attention
+from .paged_cache import PagedBatch, PagedKVCache, PagedLayer, PagedPack, PagedPackLayer
+from .serving import Engine, Latency, Request
 
-__all__ += ["Engine", "PagedBatch", "PagedKVCache", "PagedLayer", "Request"]
+__all__ += [
+    "Engine",
+    "Latency",
+    "PagedBatch",
+    "PagedKVCache",
+    "PagedLayer",
+    "PagedPack",
+    "PagedPackLayer",
+    "Request",
+    "paged_attention",
+]
 
 # --- attention across machines: ring attention and Ulysses (chapter 12)
 from .distributed import (

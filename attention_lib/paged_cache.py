@@ -27,12 +27,16 @@ Explained in chapter 11, *Serving attention*.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .kv_cache import KVCache, LayerKVCache
+from .paged_attention import DEFAULT_TILE, paged_attention_core
 from .validation import check_int
 
 
@@ -90,26 +94,46 @@ class PagedKVCache:
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
         self._next_id = 0
+        # prefix caching: the hash of every full block published, and back
+        self.block_hash: dict[int, int] = {}
+        self.cached: dict[int, int] = {}
+        self._block_tokens: dict[int, tuple[int, ...]] = {}
+        self._hashes: dict[int, list[int]] = {}  # each sequence's chain of full-block hashes
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
         """The pool for a :class:`~attention_lib.CausalLM`: its layers, key/value
-        heads, head width, dtype and device.
+        heads, head width, dtype and device. Every layer must be softmax
+        attention (:class:`~attention_lib.MultiHeadAttention`: full, sliding
+        or chunked, with any of chapter 13's options) with the same heads.
 
         Raises:
-            ValueError: for a model with ``layer_types`` (its sliding, chunked or
-                linear layers keep caches of their own kinds, not blocks).
+            ValueError: naming the layer type of a layer whose cache is not
+                blocks of keys and values (a ``"linear"`` layer's fixed-size
+                state, an ``"mla"`` layer's latents), or layers of different
+                key/value shapes.
         """
-        if getattr(model, "layer_types", None) is not None:
-            raise ValueError(f"needs layers alike, got layer_types={model.layer_types}")
-        attention = model.blocks.layers[0].self_attn
-        weight = attention.W_k.weight
+        from .mha import MultiHeadAttention  # the one mixer whose cache is blocks
+
+        shapes = set()
+        for i, layer in enumerate(model.blocks.layers):
+            mixer = layer.self_attn
+            if not isinstance(mixer, MultiHeadAttention):  # a model we cannot serve: ValueError
+                kind = getattr(layer, "layer_type", None) or type(mixer).__name__
+                raise ValueError(  # noqa: TRY004
+                    f"layer {i} ({kind!r}, {type(mixer).__name__}) is not served by the paged "
+                    "engine: only softmax attention layers (full, sliding, chunked) keep blocks"
+                )
+            shapes.add((mixer.num_kv_heads, mixer.d_k))
+        if len(shapes) != 1:
+            raise ValueError(f"the layers' (num_kv_heads, d_k) differ: {sorted(shapes)}")
+        (kv_heads, d_k), weight = shapes.pop(), model.embedding.weight
         return cls(
             num_blocks,
             block_size,
             num_layers=model.num_layers,
-            num_kv_heads=attention.num_kv_heads,
-            head_dim=attention.d_k,
+            num_kv_heads=kv_heads,
+            head_dim=d_k,
             dtype=weight.dtype,
             device=weight.device,
         )
@@ -130,7 +154,7 @@ class PagedKVCache:
     def new_sequence(self) -> int:
         """Start an empty sequence (no blocks yet) and return its id."""
         seq, self._next_id = self._next_id, self._next_id + 1
-        self.tables[seq], self.lengths[seq] = [], 0
+        self.tables[seq], self.lengths[seq], self._hashes[seq] = [], 0, []
         return seq
 
     def _check_seqs(self, seqs: Sequence[int]) -> None:
@@ -144,17 +168,96 @@ class PagedKVCache:
         self._check_seqs([parent])
         seq = self.new_sequence()
         self.tables[seq], self.lengths[seq] = list(self.tables[parent]), self.lengths[parent]
-        self.ref_count[self.tables[seq]] += 1
+        self._hashes[seq] = list(self._hashes[parent])
+        self.ref_count[[b for b in self.tables[seq] if b >= 0]] += 1
         return seq
 
     def free_sequence(self, seq: int) -> None:
         """Forget ``seq``; blocks that no other sequence holds return to the pool."""
         self._check_seqs([seq])
         for block in self.tables.pop(seq):
-            self.ref_count[block] -= 1
+            if block >= 0:  # -1: a block already released (out of a sliding window)
+                self._release(block)
+        del self.lengths[seq], self._hashes[seq]
+
+    def _release(self, block: int) -> None:
+        """One holder fewer; an unheld block goes to the end of the free list
+        (a published one stays findable until it is reused: LRU eviction)."""
+        self.ref_count[block] -= 1
+        if self.ref_count[block] == 0:
+            self.free.append(block)
+
+    def release_before(self, seq: int, position: int) -> int:
+        """Give back the blocks of ``seq`` whose tokens all lie before
+        ``position`` (no query will read them again: they fell out of every
+        layer's sliding window or chunk); their table entries become ``-1``.
+        Returns how many blocks were released."""
+        self._check_seqs([seq])
+        table, released = self.tables[seq], 0
+        for i in range(min(position // self.block_size, len(table))):
+            if table[i] >= 0:
+                self._release(table[i])
+                table[i], released = -1, released + 1
+        return released
+
+    # --- prefix caching: full blocks found by a hash of (parent hash, tokens)
+
+    def _chain(self, tokens: Sequence[int], parent: int | None = None) -> list[int]:
+        """The hash of every full block of ``tokens``, each chained to the one before."""
+        out, size = [], self.block_size
+        for start in range(0, len(tokens) - size + 1, size):
+            parent = _block_hash(parent, tokens[start : start + size])
+            out.append(parent)
+        return out
+
+    def match_prefix(self, tokens: Sequence[int]) -> list[int]:
+        """The published blocks that hold the longest prefix of ``tokens`` made
+        of full blocks (the chain of hashes stops at the first miss; the
+        tokens are compared too, so a hash collision cannot mix prompts)."""
+        blocks, size = [], self.block_size
+        for i, h in enumerate(self._chain(tokens)):
+            block = self.cached.get(h)
+            if block is None or self._block_tokens[block] != tuple(
+                tokens[i * size : (i + 1) * size]
+            ):
+                break
+            blocks.append(block)
+        return blocks
+
+    def share_prefix(self, seq: int, blocks: Sequence[int]) -> None:
+        """Start the empty sequence ``seq`` with the published ``blocks``
+        (from :meth:`match_prefix`): their reference counts go up; an unheld
+        one leaves the free list (it is no longer evictable)."""
+        self._check_seqs([seq])
+        if self.lengths[seq]:
+            raise ValueError(f"sequence {seq} is not empty: it holds {self.lengths[seq]} tokens")
+        for block in blocks:
             if self.ref_count[block] == 0:
-                self.free.append(block)
-        del self.lengths[seq]
+                self.free.remove(block)
+            self.ref_count[block] += 1
+        self.tables[seq] = list(blocks)
+        self.lengths[seq] = len(blocks) * self.block_size
+        self._hashes[seq] = [self.block_hash[b] for b in blocks]
+
+    def publish(self, seq: int, tokens: Sequence[int]) -> None:
+        """Publish the full blocks of ``seq`` not published yet (``tokens``:
+        its tokens so far, whose keys the blocks hold), so later sequences
+        with the same prefix find them."""
+        hashes, table = self._hashes[seq], self.tables[seq]
+        full = min(len(tokens), self.lengths[seq]) // self.block_size
+        if full <= len(hashes):
+            return
+        start = len(hashes) * self.block_size
+        new = self._chain(tokens[start : full * self.block_size], hashes[-1] if hashes else None)
+        for i, h in enumerate(new, start=len(hashes)):
+            hashes.append(h)
+            block = table[i]
+            if h in self.cached or block < 0 or block in self.block_hash:
+                continue  # the same content is published already (keep the first)
+            self.cached[h], self.block_hash[block] = block, h
+            self._block_tokens[block] = tuple(
+                tokens[i * self.block_size : (i + 1) * self.block_size]
+            )
 
     def blocks_needed(self, seq: int, num_new: int) -> int:
         """Free blocks that appending ``num_new`` tokens to ``seq`` would take
@@ -173,8 +276,10 @@ class PagedKVCache:
     def _allocate(self) -> int:
         if not self.free:
             raise RuntimeError(f"out of blocks: all {self.num_blocks} are in use")
-        block = self.free.pop(0)
+        block = self.free.pop(0)  # the least recently released
         self.ref_count[block] = 1
+        if block in self.block_hash:  # evict its published content
+            del self.cached[self.block_hash.pop(block)], self._block_tokens[block]
         return block
 
     def _reserve(self, seq: int, num_new: int) -> None:
@@ -205,6 +310,25 @@ class PagedKVCache:
         for seq in seqs:
             self._reserve(seq, num_new)
         return PagedBatch(self, list(seqs), old, num_new)
+
+    def pack(self, seqs: Sequence[int], counts: Sequence[int]) -> PagedPack:
+        """Reserve room for ``counts[i]`` more tokens of ``seqs[i]`` and return
+        the :class:`~attention_lib.paged_attention.PagedPack` of the step: every
+        new token of every sequence in one row, read in place
+        (``model(tokens, cache=pack, positions=pack.positions)`` with
+        ``tokens`` the ``(1, sum(counts))`` new tokens, sequence after sequence).
+
+        Raises:
+            ValueError: if ``seqs`` are not distinct ids of this cache, or a count is ``< 1``.
+            RuntimeError: if the pool runs out of blocks (ask :meth:`can_extend` first).
+        """
+        self._check_seqs(seqs)
+        if len(counts) != len(seqs) or not all(isinstance(c, int) and c >= 1 for c in counts):
+            raise ValueError(f"expected one count >= 1 per sequence of {list(seqs)}: {counts}")
+        starts = [self.lengths[s] for s in seqs]
+        for seq, count in zip(seqs, counts):
+            self._reserve(seq, count)
+        return PagedPack(self, list(seqs), starts, list(counts))
 
     def slots(self, seq: int) -> Tensor:
         """``(length,)`` flat slot ``block * block_size + offset`` of each token of ``seq``."""
@@ -347,3 +471,156 @@ class PagedLayer(LayerKVCache):
             out.append(flat[self.batch.read].transpose(1, 2))  # (B, H_kv, T + L, d_k)
         self.added = self.batch.num_new
         return out[0], out[1]
+
+
+class PagedPack(KVCache):
+    """One engine step on a :class:`~attention_lib.PagedKVCache`, as a model's
+    cache: the new tokens of several sequences packed in one row, attention
+    read in place.
+
+    Made by :meth:`~attention_lib.PagedKVCache.pack` after room was reserved.
+    The step's tokens run through the model as one row ``(1, N)``: ``count``
+    tokens of the first sequence, then of the second, ... (a prefill chunk
+    of one request and one decode token of another are alike), with
+    :attr:`positions` giving each token's position in its own sequence; no
+    padding is computed. Each attention layer writes the new keys and values
+    into their slots and calls :func:`paged_attention` (through
+    :meth:`PagedPackLayer.attend_in_place`): every sequence's queries read its
+    own blocks, in place.
+
+    Explained in chapter 11, *Serving attention*.
+
+    Attributes:
+        positions: ``(1, N)`` position of each new token in its sequence.
+        last: ``(S,)`` index in the row of each sequence's last new token
+            (whose logits give its next token).
+        tables: ``(S, max_blocks)`` block tables, ``-1`` where there is no block.
+        lengths: ``(S,)`` tokens of each sequence after the step.
+    """
+
+    def __init__(self, pool: Any, seqs: list[int], starts: list[int], counts: list[int]) -> None:
+        super().__init__()
+        self.pool, self.seqs = pool, seqs
+        size = pool.block_size
+        widest = max(len(pool.tables[s]) for s in seqs)
+        self.tables = torch.full((len(seqs), widest), -1, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            self.tables[row, : len(pool.tables[seq])] = torch.tensor(pool.tables[seq])
+        start = torch.tensor(starts)
+        count = torch.tensor(counts)
+        self.lengths = start + count  # (S,)
+        cols = torch.arange(max(counts))
+        self.query_positions = torch.where(cols < count[:, None], start[:, None] + cols, -1)
+        real = self.query_positions >= 0  # (S, Lmax)
+        self.rows, self.cols = real.nonzero(as_tuple=True)  # (N,) each: the packed order
+        positions = self.query_positions[real]  # (N,)
+        self.positions = positions[None]  # (1, N)
+        self.last = count.cumsum(0) - 1  # (S,)
+        blocks = self.tables[self.rows, positions // size]  # (N,)
+        self.write = blocks * size + positions % size  # (N,): the flat slot of each new token
+        self.layers = []  # made on first use (see layer)
+
+    def layer(self, index: int, make: object = None) -> PagedPackLayer:
+        """The view of layer ``index`` on the pool (``make`` is ignored)."""
+        while len(self.layers) <= index:
+            self.layers.append(PagedPackLayer(self, len(self.layers)))
+        return self.layers[index]
+
+    def __len__(self) -> int:
+        """``0``: the sequences of a packed step share no columns (each token's
+        position is given)."""
+        return 0
+
+    @property
+    def position(self) -> int:
+        return 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks the step's sequences hold (shared blocks once)."""
+        blocks = {b for s in self.seqs for b in self.pool.tables[s] if b >= 0}
+        return len(blocks) * self.pool.block_nbytes
+
+
+class PagedPackLayer(PagedLayer):
+    """One layer of a :class:`PagedPack`; :class:`~attention_lib.MultiHeadAttention`
+    calls :meth:`attend_in_place` instead of ``update`` and attending.
+
+    Explained in chapter 11, *Serving attention*.
+    """
+
+    def __init__(self, pack: PagedPack, index: int) -> None:
+        super().__init__(pack, index)
+
+    def __len__(self) -> int:
+        return 0
+
+    @property
+    def position(self) -> int:
+        return 0
+
+    def check_fits(
+        self, batch: int, kv_heads: int, d_k: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Refuse keys that do not fit the pool or a batch other than the one row."""
+        pool = self.batch.pool.key
+        held = (1, *pool.shape[-2:], pool.dtype, pool.device)
+        if held != (given := (batch, kv_heads, d_k, dtype, device)):
+            raise ValueError(f"paged pack holds (B, H_kv, d_k, dtype, device) {held}, not {given}")
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Refused: the pack is read in place, by :meth:`attend_in_place`.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("a PagedPack is read in place: its mixer must call attend_in_place")
+
+    def attend_in_place(
+        self, q: Tensor, k: Tensor, v: Tensor, attention: Any, need_weights: bool = False
+    ) -> Tensor:
+        """Write the new keys and values ``(1, H_kv, N, d_k)`` into their slots
+        and attend with the queries ``(1, H, N, d_k)`` through the block tables
+        (:func:`paged_attention`, with ``attention``'s scale, window, chunk,
+        soft-capping and sinks); returns ``(1, H, N, d_v)``.
+
+        Raises:
+            ValueError: with ``need_weights`` (the weights are never formed).
+        """
+        if need_weights:
+            raise ValueError("paged attention in place forms no weights: need_weights=False")
+        pack, pool = self.batch, self.batch.pool
+        for store, new in ((pool.key, k), (pool.value, v)):
+            flat = store[self.index].view(-1, *store.shape[-2:])  # (blocks * size, H_kv, d)
+            flat[pack.write] = new[0].transpose(0, 1)  # (N, H_kv, d) into the slots
+        queries = torch.zeros(
+            len(pack.seqs),
+            *pack.query_positions.shape[1:],
+            *q.shape[1:2],
+            q.shape[-1],
+            dtype=q.dtype,
+            device=q.device,
+        )  # (S, Lmax, H, d_k) fmt: skip
+        queries[pack.rows, pack.cols] = q[0].transpose(0, 1)  # (N, H, d_k)
+        out = paged_attention_core(
+            queries.transpose(1, 2),
+            pool.key[self.index],
+            pool.value[self.index],
+            pack.tables,
+            pack.query_positions,
+            pack.lengths,
+            scale=q.shape[-1] ** -0.5 if attention.scale is None else attention.scale,
+            window=attention.window,
+            chunk=attention.chunk_size,
+            softcap=attention.softcap,
+            sink=attention.sink,
+            tile_blocks=max(1, DEFAULT_TILE // pool.block_size),
+        )  # (S, H, Lmax, d_v) fmt: skip
+        return out.transpose(1, 2)[pack.rows, pack.cols].transpose(0, 1)[None]  # (1, H, N, d_v)
+
+
+def _block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """A 64-bit hash of (the parent block's hash, the block's tokens), the same
+    in every process and on every machine (BLAKE2b; nano-vllm uses xxHash)."""
+    data = array("q", [-1 if parent is None else parent % 2**63, *tokens]).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

@@ -115,5 +115,5 @@ def test_clear_errors(lm):
     with pytest.raises(TypeError, match="CausalLM"):
         Engine(torch.nn.Linear(2, 2), 4, 2)
     hybrid = CausalLM(V, 32, 4, 2, 40, positional="rope", layer_types=["full", "linear"])
-    with pytest.raises(ValueError, match="layer_types"):  # its layers keep other caches
+    with pytest.raises(ValueError, match="'linear'"):  # a state, not blocks: named
         Engine(hybrid, 4, 2)
