@@ -76,6 +76,9 @@ class DecoderConverters:
         ``1 + w`` RMSNorms, sandwich norms, GeGLU, embedding scale, tied
         embeddings), Gemma 2 (attention and final logit soft-capping), SmolLM3
         (NoPE layers) and DeepSeek-V3 with dense layers (MLA with YaRN).
+        In float32 the logits agree to about ``1e-6``; in float64 to about
+        ``1e-7`` only, because transformers computes its RoPE tables (and
+        Gemma its norms) in float32 whatever the model's dtype.
 
         Refused, by name: a linear-attention layer (Qwen3-Next's Gated
         DeltaNet), DeepSeek-V3.2's indexer, a decoder layer whose sublayers
