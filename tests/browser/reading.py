@@ -127,11 +127,16 @@ def figure_texts(page) -> list[dict]:
 
 
 def axe_impacts(page) -> dict[str, list[str]]:
-    """axe-core's violations on ``page``: impact -> ["rule-id (n nodes)", ...]."""
+    """axe-core's violations on ``page``: impact -> ["rule-id (n nodes)", ...].
+
+    Only violations are asked for (``resultTypes``): axe-core still runs every rule on
+    every node, but lists one node per passed, incomplete or inapplicable rule instead of
+    all of them: about half its time on a long chapter (40 -> 19 s on chapter 10)."""
     from axe_playwright_python.sync_playwright import Axe
 
     found: dict[str, list[str]] = {}
-    for v in Axe().run(page).response["violations"]:
+    report = Axe().run(page, options={"resultTypes": ["violations"]})
+    for v in report.response["violations"]:
         found.setdefault(v["impact"] or "none", []).append(f"{v['id']} ({len(v['nodes'])})")
     return found
 
