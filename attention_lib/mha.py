@@ -512,7 +512,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         else:
             if self.block_size is not None:
                 options["block_size"] = self.block_size
-            attended = BACKENDS[self.backend](q, k, v, keep, **options)  # (B, H, Lq, d_k)
+            attended = BACKENDS[self._backend](q, k, v, keep, **options)  # (B, H, Lq, d_k)
         merged = attended.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.d_k)
         if self.W_g is not None:  # output gate, from the layer's input
             merged = merged * torch.sigmoid(self.W_g(query))  # (B, Lq, d_model)
@@ -533,17 +533,11 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             q, k, v = F.linear(query, weight, bias).split(widths, dim=-1)  # (B, L, width)
         else:
             q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # (B, L, width)
-        return (
-            self._split_heads(q, self.num_heads),  # (B, H, Lq, d_k)
-            self._split_heads(k, self.num_kv_heads),  # (B, H_kv, Lk, d_k)
-            self._split_heads(v, self.num_kv_heads),
-        )
-
-    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
-        """``(B, L, heads * d_k) -> (B, heads, L, d_k)`` without copying."""
-        batch, length, _ = x.shape
-        x = x.view(batch, length, heads, self.d_k)  # (B, L, heads, d_k)
-        return x.transpose(1, 2)  # (B, heads, L, d_k)
+        # split into heads without copying: (B, L, heads * d_k) -> (B, heads, L, d_k)
+        batch, d_k = query.shape[0], self.d_k
+        q = q.view(batch, q.shape[1], self.num_heads, d_k).transpose(1, 2)  # (B, H, Lq, d_k)
+        k = k.view(batch, k.shape[1], self.num_kv_heads, d_k).transpose(1, 2)  # (B, H_kv, Lk, d_k)
+        return q, k, v.view(batch, v.shape[1], self.num_kv_heads, d_k).transpose(1, 2)
 
     def _rotate(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` with the
