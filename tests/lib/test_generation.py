@@ -109,7 +109,7 @@ def test_clear_errors(lm: CausalLM) -> None:
         generate(lm, torch.zeros(1, 0, dtype=torch.long), 3)
     with pytest.raises(TypeError, match="integer tensor"):
         generate(lm, prompt().float(), 3)
-    with pytest.raises(TypeError, match="torch.Tensor of token ids"):
+    with pytest.raises(TypeError, match=r"prompt\[0\]"):
         generate(lm, [[1, 2]], 3)
     with pytest.raises(ValueError, match="temperature"):
         generate(lm, prompt(), 3, do_sample=True, temperature=0.0)
@@ -118,7 +118,7 @@ def test_clear_errors(lm: CausalLM) -> None:
     generate(lm, prompt(), 3, temperature=0.0)  # greedy ignores the temperature
     with pytest.raises(ValueError, match="top_k"):
         generate(lm, prompt(), 3, do_sample=True, top_k=0)
-    with pytest.raises(ValueError, match=r"prompt must have shape \(B, L\)"):
+    with pytest.raises(ValueError, match="prompt"):
         generate(lm, torch.tensor([1, 2]), 3)
     with pytest.raises(ValueError, match="vocab_size"):
         generate(lm, torch.tensor([[1, V]]), 3)

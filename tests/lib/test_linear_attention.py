@@ -78,15 +78,15 @@ def test_softmax_free_attention_cannot_overwrite_a_key() -> None:
 
 
 def test_linear_attention_refuses_what_it_cannot_compute() -> None:
-    with pytest.raises(ValueError, match="positive feature map"):
+    with pytest.raises(ValueError, match="normalize"):
         linear_attention(Q, K, V, feature_map="identity", normalize=True)
-    with pytest.raises(ValueError, match="feature_map must be one of"):
+    with pytest.raises(ValueError, match="feature_map"):
         linear_attention(Q, K, V, feature_map="relu")
-    with pytest.raises(ValueError, match="schedule must be one of"):
+    with pytest.raises(ValueError, match="schedule"):
         linear_attention(Q, K, V, schedule="parallel")
     with pytest.raises(ValueError, match="d_k"):
         linear_attention(Q, K[..., :4], V)
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(TypeError, match="query"):
         linear_attention(Q.long(), K, V)
 
 
@@ -160,7 +160,7 @@ def test_a_state_carries_a_sequence_across_calls() -> None:
 
 
 def test_gated_delta_rule_refuses_bad_input() -> None:
-    with pytest.raises(ValueError, match="log-decay"):
+    with pytest.raises(ValueError, match=r"\bg\b"):
         gated_delta_rule(Q, K, V, -G, BETA)
     with pytest.raises(ValueError, match=r"\(B, H, L\)"):
         gated_delta_rule(Q, K, V, G[..., :5], BETA)

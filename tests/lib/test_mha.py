@@ -295,16 +295,16 @@ Y = torch.randn(2, 6, D_MODEL)
             TypeError,
             r"dropout",
         ),
-        ({"d_model": 16, "num_heads": 4, "bias": 1}, TypeError, r"bias must be a bool, got int"),
+        ({"d_model": 16, "num_heads": 4, "bias": 1}, TypeError, r"\bbias\b"),
         (
             {"d_model": 16, "num_heads": 4, "backend": "flash"},
             ValueError,
-            r"backend must be one of",
+            r"\bbackend\b",
         ),
         (
             {"d_model": 16, "num_heads": 4, "backend": None},
             TypeError,
-            r"backend must be one of",
+            r"\bbackend\b",
         ),
         (
             {"d_model": 16, "num_heads": 4, "block_size": 8},
@@ -334,12 +334,12 @@ MHA = MultiHeadAttention(D_MODEL, HEADS)
 @pytest.mark.parametrize(
     "args,kwargs,exc,match",
     [
-        ((X[0], X[0], X[0]), {}, ValueError, r"query must have at least 3 dims"),
+        ((X[0], X[0], X[0]), {}, ValueError, r"\bquery\b"),
         (
             (X, Y[..., :8], Y),
             {},
             ValueError,
-            r"key must be \(B, L, 16\), got \(2, 6, 8\)",
+            r"\bkey\b",
         ),
         ((X, Y, Y[:1]), {}, ValueError, r"batch size B"),
         (
@@ -352,7 +352,7 @@ MHA = MultiHeadAttention(D_MODEL, HEADS)
             (X.long(), Y, Y),
             {},
             TypeError,
-            r"query must be a floating-point tensor",
+            r"\bquery\b",
         ),
         (
             (X.double(), Y.double(), Y.double()),
@@ -379,19 +379,19 @@ MHA = MultiHeadAttention(D_MODEL, HEADS)
             r"mask .* broadcast",
         ),
         ((X, Y, Y, torch.full((5, 6), float("-inf"))), {}, ValueError, r"additive bias"),
-        ((X, Y, Y), {"is_causal": 1}, TypeError, r"is_causal must be a bool, got int"),
+        ((X, Y, Y), {"is_causal": 1}, TypeError, r"is_causal"),
         (
             (X, Y, Y),
             {"need_weights": None},
             TypeError,
-            r"need_weights must be a bool, got NoneType",
+            r"need_weights",
         ),
         ((X, Y, Y, torch.ones(5, 6, requires_grad=True)), {}, ValueError, r"mask requires grad"),
         (
             (X, Y, Y),
             {"kv_cache": {}},
             TypeError,
-            r"kv_cache must be a LayerKVCache",
+            r"kv_cache",
         ),
     ],
 )
@@ -448,7 +448,7 @@ def test_backend_is_checked_when_assigned() -> None:
     mha = MultiHeadAttention(D_MODEL, HEADS)
     mha.backend = "torch"
     assert mha.backend == "torch"
-    with pytest.raises(ValueError, match=r"backend must be one of .*'nope'"):
+    with pytest.raises(ValueError, match=r"\bbackend\b"):
         mha.backend = "nope"
     assert mha.backend == "torch"
 

@@ -123,7 +123,7 @@ def test_from_hf_refuses_what_it_cannot_reproduce():
         MultiHeadLatentAttention.from_hf(HF(rope_parameters={"rope_theta": 1e4, **dynamic}).layer)
     with pytest.raises(ValueError, match="RoPE"):
         MultiHeadLatentAttention.from_hf(HF(rope_interleave=False).layer)
-    with pytest.raises(TypeError, match="DeepseekV3Attention or DeepseekV32Attention"):
+    with pytest.raises(TypeError, match="layer"):
         MultiHeadLatentAttention.from_hf(tiny())  # our own module is not a 🤗 layer
 
 
@@ -194,13 +194,13 @@ def test_mask_is_a_keep_mask_and_causal_is_bottom_right_after_the_cache():
 
 def test_bad_input_is_refused_clearly():
     m = tiny()
-    with pytest.raises(ValueError, match=r"x must be \(B, L, 64\)"):
+    with pytest.raises(ValueError, match=r"\bx\b"):
         m(torch.randn(2, 5, 32))
     with pytest.raises(TypeError, match="dtype"):
         m(X.double())
     with pytest.raises(TypeError, match="LatentKVCache"):
         m(X, kv_cache={})
-    with pytest.raises(TypeError, match="is_causal must be a bool"):
+    with pytest.raises(TypeError, match="is_causal"):
         m(X, is_causal=1)
     with pytest.raises(ValueError, match="mask"):
         m(X, mask=torch.ones(2, 11, 11, dtype=torch.bool))
@@ -209,13 +209,13 @@ def test_bad_input_is_refused_clearly():
     cache = LatentKVCache()
     with torch.no_grad():
         m(X, kv_cache=cache)
-    with pytest.raises(ValueError, match="kv_cache holds"):
+    with pytest.raises(ValueError, match="kv_cache"):
         m(X[:1], kv_cache=cache)  # another batch size
-    with pytest.raises(ValueError, match="qk_rope_head_dim must be a positive even int"):
+    with pytest.raises(ValueError, match="qk_rope_head_dim"):
         MultiHeadLatentAttention(D_MODEL, HEADS, **{**SIZES, "qk_rope_head_dim": 3})
-    with pytest.raises(TypeError, match="kv_lora_rank must be an int"):
+    with pytest.raises(TypeError, match="kv_lora_rank"):
         MultiHeadLatentAttention(D_MODEL, HEADS, **{**SIZES, "kv_lora_rank": 16.0})
-    with pytest.raises(TypeError, match="absorb must be a bool"):
+    with pytest.raises(TypeError, match="absorb"):
         tiny(absorb="yes")
 
 
