@@ -502,6 +502,56 @@ def _visit_citation(self: Any, node: nodes.citation) -> None:
     self.body.append(self.starttag(node, "div", classes=[node.tagname], role="listitem"))
 
 
+# Renamed pages (tools/renumber.py, README.md "Adding a chapter"): book/redirects.json maps
+# each old page name to its new one ("book/08_attention_that_writes" ->
+# "book/09_attention_that_writes"). Every edition gets a small static page at each old URL
+# that sends the reader on: a meta refresh and a visible link (no JavaScript needed, works
+# from files), a canonical link, and an inline script that keeps the #fragment.
+REDIRECTS_FILE = "book/redirects.json"
+
+
+def load_redirects(root: str | Path) -> dict[str, str]:
+    """Old docname -> new docname, from ``root``'s book/redirects.json (empty if none)."""
+    path = Path(root) / REDIRECTS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def redirect_page(old: str, new: str, chinese: bool = False) -> str:
+    """The HTML page that stands at ``old``'s URL and leads to ``new``'s (relative URLs)."""
+    import posixpath
+
+    href = html.escape(posixpath.relpath(f"{new}.html", posixpath.dirname(old) or "."), quote=True)
+    lang, text = (
+        ("zh-CN", f'本页已移至<a href="{href}">{href}</a>。')
+        if chinese
+        else ("en", f'This page has moved to <a href="{href}">{href}</a>.')
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
+        f'<title>{href}</title>\n<meta name="robots" content="noindex">\n'
+        f'<link rel="canonical" href="{href}">\n'
+        f'<meta http-equiv="refresh" content="0; url={href}">\n'
+        f"<script>location.replace({json.dumps(href)} + location.hash);</script>\n"
+        f"</head>\n<body>\n<p>{text}</p>\n</body>\n</html>\n"
+    )
+
+
+def _write_redirects(app: Any, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    for old, new in load_redirects(app.srcdir).items():
+        if old in app.env.found_docs or new not in app.env.found_docs:
+            from sphinx.util import logging
+
+            logging.getLogger(__name__).warning(
+                f"{REDIRECTS_FILE}: {old} -> {new}: the old name is a page, or the new one is not"
+            )
+            continue
+        target = Path(app.outdir, f"{old}.html")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(redirect_page(old, new, _is_chinese(app.config)), encoding="utf-8")
+
+
 def setup(app: Any) -> dict[str, Any]:
     from docutils.writers._html_base import HTMLTranslator
 
@@ -520,6 +570,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("config-inited", _show_version)
     app.connect("builder-inited", _theme_catalogs)
     app.connect("build-finished", _translate_chrome)
+    app.connect("build-finished", _write_redirects)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's
     app.connect("html-page-context", _lazy_figures, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
