@@ -303,14 +303,15 @@ class CausalLM(DecoderConverters, nn.Module):
             if self._made is None:  # the kinds of cache the layers make (asked once)
                 self._made = [_kind(layer.make_cache()) for layer in self.blocks.layers]
             made = self._made
-            if cache.window or cache.sink_tokens is not None or _kinds(cache) not in ([], made):
+            if cache.keep_last or cache.sink_tokens is not None or _kinds(cache) not in ([], made):
                 raise ValueError("a model with layer_types needs a KVCache() it has filled itself")
             return self._check_layer_caches(cache, batch)
         if cache.sink_tokens is not None and self.window is not None:  # positions not contiguous
             raise ValueError("a cache with sink_tokens is for a model without a window")
-        drops = cache.window is not None and (self.window is None or cache.window < self.window)
+        kept = cache.keep_last  # tokens kept; the model's window: tokens a query sees
+        drops = kept is not None and (self.window is None or kept < self.window)
         if drops and cache.sink_tokens is None:  # StreamingLLM's cache drops keys on purpose
-            raise ValueError(f"cache window={cache.window} < the model's window={self.window}")
+            raise ValueError(f"cache keep_last={kept} < the model's window={self.window}")
         if cache.layers and len(cache.layers) != self.num_layers:
             raise ValueError(f"cache holds {len(cache.layers)} layers, not {self.num_layers}")
         return self._check_layer_caches(cache, batch)
@@ -328,10 +329,10 @@ class CausalLM(DecoderConverters, nn.Module):
 
 
 def _kind(layer_cache: Any) -> tuple:
-    """What kind of per-layer cache this is: its type, window and chunk."""
+    """What kind of per-layer cache this is: its type, the tokens it keeps and its chunk."""
     return (
         type(layer_cache),
-        getattr(layer_cache, "window", None),
+        getattr(layer_cache, "keep_last", None),
         getattr(layer_cache, "chunk", None),
     )
 

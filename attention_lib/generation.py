@@ -213,7 +213,7 @@ def _decode(
     positions = None  # 0, 1, ... after the cache: every row starts at column 0
     if mask is not None:  # left padding: each row counts from its first real token
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T0)
-    cache = KVCache(window=model.window) if use_cache else None  # rolling with a window
+    cache = KVCache(keep_last=model.window) if use_cache else None  # rolling with a window
     done = torch.zeros(prompt.shape[0], 1, dtype=torch.bool, device=prompt.device)
     new = prompt  # what the model has not seen yet
     for _ in range(max_new_tokens):

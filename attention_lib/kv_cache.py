@@ -12,9 +12,12 @@ Layout: one :class:`LayerKVCache` per attention layer, holding ``key`` and
 ``value`` tensors of shape ``(B, H_kv, T, d_k)`` (``H_kv`` is the number of
 key/value heads, equal to the number of heads in plain multi-head attention).
 
-A **rolling** cache (``KVCache(window=w)``, chapter 9) keeps only the keys and
-values of the last ``w`` tokens, so its size stops growing: a model with a
-sliding window of ``w`` never looks further back.
+A **rolling** cache (``KVCache(keep_last=w)``, chapter 9's ``KVCache(window=w)``
+under its older name) keeps only the keys and values of the last ``w`` tokens,
+so its size stops growing: a model with a sliding window of ``w`` never looks
+further back. ``window`` names one thing in this package, what a query of
+sliding-window attention sees (``MultiHeadAttention(window=...)``,
+:func:`~attention_lib.causal_mask`); what a cache keeps is ``keep_last``.
 
 Explained in chapter 8, *Attention that writes*.
 """
@@ -34,16 +37,36 @@ def _nbytes(t: Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
-def _check_sinks(sink_tokens: object, window: object) -> int | None:
-    """``sink_tokens`` is ``None``, or an int ``>= 0`` with a ``window``."""
-    if sink_tokens is None:
-        return None
-    if window is None:
-        raise ValueError("sink_tokens needs a window (the cache keeps sinks + the last window)")
-    return check_int("sink_tokens", sink_tokens, minimum=0)
+def _check_rolling(keep_last: object, sink_tokens: object, window: object) -> tuple:
+    """``(keep_last, sink_tokens)``: ``keep_last`` (or ``window``, its older name)
+    ``None`` or an int ``>= 1``, ``sink_tokens`` ``None`` or an int ``>= 0`` with it."""
+    name = "keep_last"
+    if window is not None:  # the older name
+        if keep_last is not None:
+            raise ValueError(f"keep_last={keep_last}, window={window}: window is its older name")
+        keep_last, name = window, "window (keep_last)"
+    keep_last = None if keep_last is None else check_int(name, keep_last, minimum=1)
+    if sink_tokens is not None and keep_last is None:
+        raise ValueError("sink_tokens needs keep_last (or window, its older name)")
+    return keep_last, None if sink_tokens is None else check_int(
+        "sink_tokens", sink_tokens, minimum=0
+    )
 
 
-class LayerKVCache:
+class _Rolling:
+    """What a cache that may roll answers: ``keep_last`` and its older name."""
+
+    keep_last: int | None
+
+    @property
+    def window(self) -> int | None:
+        """``keep_last`` under its older name (chapters 9 and 13 write
+        ``KVCache(window=w)``): the tokens a rolling cache keeps, not the
+        window of sliding-window attention (what a query sees)."""
+        return self.keep_last
+
+
+class LayerKVCache(_Rolling):
     """The cached keys and values of one attention layer.
 
     :class:`~attention_lib.MultiHeadAttention` calls :meth:`update` with the
@@ -52,27 +75,36 @@ class LayerKVCache:
     Explained in chapter 8, *Attention that writes*.
 
     Args:
-        window: keep only the last ``window`` positions (a rolling cache for
-            sliding-window attention, chapter 9); ``None`` keeps all.
-        sink_tokens: with a ``window``, also keep the first ``sink_tokens``
+        keep_last: keep only the last ``keep_last`` positions (a rolling cache
+            for sliding-window attention, chapter 9); ``None`` keeps all. Not
+            an attention window: a layer with a window of ``w`` (a query sees
+            itself and ``w - 1`` keys before it) keeps ``keep_last=w``.
+        sink_tokens: with ``keep_last``, also keep the first ``sink_tokens``
             positions for ever (StreamingLLM, chapter 13): the cache holds the
-            sinks, then the last ``window`` positions. ``None`` (default) for a
-            plain rolling cache.
+            sinks, then the last ``keep_last`` positions. ``None`` (default) for
+            a plain rolling cache.
+        window: the older name of ``keep_last`` (chapters 9 and 13 use it).
 
     Attributes:
         key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
         value: ``(B, H_kv, T, d_k)`` cached values, or ``None`` while empty.
-        window: the rolling window, or ``None``.
+        keep_last: the positions a rolling cache keeps, or ``None``
+            (``window`` is its older name).
         sink_tokens: the positions kept for ever, or ``None``.
         dropped: how many positions a rolling cache has dropped; without sinks
             the cached keys belong to positions ``dropped .. dropped + T - 1``.
     """
 
-    def __init__(self, window: int | None = None, sink_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        keep_last: int | None = None,
+        sink_tokens: int | None = None,
+        *,
+        window: int | None = None,
+    ) -> None:
         self.key: Tensor | None = None
         self.value: Tensor | None = None
-        self.window = None if window is None else check_int("window", window, minimum=1)
-        self.sink_tokens = _check_sinks(sink_tokens, window)
+        self.keep_last, self.sink_tokens = _check_rolling(keep_last, sink_tokens, window)
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -147,15 +179,15 @@ class LayerKVCache:
             ``(key, value)``, each ``(B, H_kv, T + L_new, d_k)``: the cached
             positions first, then the new ones. A rolling cache returns them
             all too (the first new queries may need older keys than the last
-            ones), but keeps only the last ``window``.
+            ones), but keeps only the last ``keep_last``.
         """
         if self.key is not None and self.value is not None:
             key = torch.cat([self.key, key], dim=-2)  # (B, H_kv, T + L_new, d_k)
             value = torch.cat([self.value, value], dim=-2)
         self.key, self.value = key, value
         sinks = self.sink_tokens or 0
-        if self.window is not None and len(self) > sinks + self.window:
-            drop = len(self) - sinks - self.window
+        if self.keep_last is not None and len(self) > sinks + self.keep_last:
+            drop = len(self) - sinks - self.keep_last
             # cat/clone: a slice would keep the whole concatenation alive
             self.key, self.value = (
                 torch.cat([t[..., :sinks, :], t[..., sinks + drop :, :]], dim=-2)
@@ -213,7 +245,7 @@ class ChunkKVCache(LayerKVCache):
             self.key, self.value = self.key[..., : len(self) - n, :], self.value[..., :-n, :]
 
 
-class KVCache:
+class KVCache(_Rolling):
     """The keys and values of every layer of a decoder, in the order of the tokens.
 
     It starts empty. Passing it to :class:`~attention_lib.CausalLM` (``model(tokens,
@@ -224,12 +256,14 @@ class KVCache:
     (StreamingLLM) in chapter 13, *Where attention goes*.
 
     Args:
-        window: keep only the last ``window`` tokens in every layer (a rolling
-            cache for a model with a sliding window, chapter 9); ``None``
-            keeps all.
-        sink_tokens: with a ``window``, also keep the first ``sink_tokens``
+        keep_last: keep only the last ``keep_last`` tokens in every layer (a
+            rolling cache for a model with a sliding window of that many
+            tokens, chapter 9); ``None`` keeps all.
+        sink_tokens: with ``keep_last``, also keep the first ``sink_tokens``
             tokens for ever (StreamingLLM, chapter 13); a model without a
-            window then attends to the sinks and the last ``window`` tokens.
+            window then attends to the sinks and the last ``keep_last`` tokens.
+        window: the older name of ``keep_last`` (chapters 9 and 13 write
+            ``KVCache(window=w)``); not an attention window.
 
     A model whose layers see different spans (``CausalLM(layer_types=...)``,
     chapter 14) makes each layer's cache itself: a
@@ -240,7 +274,8 @@ class KVCache:
         layers: one cache per layer (created on first use): a
             :class:`LayerKVCache` or another per-layer cache with ``position``,
             ``nbytes`` and ``len()``.
-        window: the rolling window, or ``None``.
+        keep_last: the tokens a rolling cache keeps, or ``None`` (``window``
+            is its older name).
 
     Example:
         >>> cache = KVCache()
@@ -248,21 +283,26 @@ class KVCache:
         (0, 0)
     """
 
-    def __init__(self, window: int | None = None, sink_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        keep_last: int | None = None,
+        sink_tokens: int | None = None,
+        *,
+        window: int | None = None,
+    ) -> None:
         self.layers: list[Any] = []
-        self.window = None if window is None else check_int("window", window, minimum=1)
-        self.sink_tokens = _check_sinks(sink_tokens, window)
+        self.keep_last, self.sink_tokens = _check_rolling(keep_last, sink_tokens, window)
 
     def layer(self, index: int, make: Callable[[], Any] | None = None) -> Any:
         """The cache of layer ``index``, created empty the first time it is asked
         for: by ``make()`` if given (a model whose layers keep different caches,
         see :mod:`attention_lib.layer_types`), else a
-        ``LayerKVCache(window, sink_tokens)``. A building block: no checks."""
+        ``LayerKVCache(keep_last, sink_tokens)``. A building block: no checks."""
         while len(self.layers) < index:
-            self.layers.append(LayerKVCache(self.window, self.sink_tokens))
+            self.layers.append(LayerKVCache(self.keep_last, self.sink_tokens))
         if len(self.layers) == index:
             self.layers.append(
-                LayerKVCache(self.window, self.sink_tokens) if make is None else make()
+                LayerKVCache(self.keep_last, self.sink_tokens) if make is None else make()
             )
         return self.layers[index]
 
@@ -284,8 +324,8 @@ class KVCache:
         return sum(layer.nbytes for layer in self.layers)
 
     def __repr__(self) -> str:
-        window = "" if self.window is None else f"window={self.window}, "
-        window += "" if self.sink_tokens is None else f"sink_tokens={self.sink_tokens}, "
+        rolls = "" if self.keep_last is None else f"keep_last={self.keep_last}, "
+        rolls += "" if self.sink_tokens is None else f"sink_tokens={self.sink_tokens}, "
         return (
-            f"KVCache({window}layers={len(self.layers)}, tokens={len(self)}, nbytes={self.nbytes})"
+            f"KVCache({rolls}layers={len(self.layers)}, tokens={len(self)}, nbytes={self.nbytes})"
         )

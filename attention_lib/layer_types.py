@@ -170,7 +170,7 @@ def _latent(sparse: bool) -> Callable[..., nn.Module]:
 #: The layer types of ``CausalLM(layer_types=...)``, by name (the default table).
 LAYER_TYPES: dict[str, LayerType] = {
     "full": LayerType(_attention(), lambda mixer: LayerKVCache()),
-    "sliding": LayerType(_attention("window"), lambda mixer: LayerKVCache(window=mixer.window)),
+    "sliding": LayerType(_attention("window"), lambda mixer: LayerKVCache(keep_last=mixer.window)),
     "chunked": LayerType(_attention("chunk_size"), lambda mixer: ChunkKVCache(mixer.chunk_size)),
     "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 16
     "mla": LayerType(_latent(False), lambda mixer: LatentKVCache()),  # chapter 15

@@ -474,7 +474,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         """
         if self.chunk_size is not None:
             return ChunkKVCache(self.chunk_size)
-        return LayerKVCache(window=self.window)
+        return LayerKVCache(keep_last=self.window)
 
     def _attend(
         self,

@@ -57,3 +57,22 @@ def test_multi_head_attention_attends_to_cached_and_new_keys() -> None:
     last = mha(x[:, 5:], x[:, 5:], x[:, 5:], kv_cache=slot)  # one query, all keys
     torch.testing.assert_close(torch.cat([first, last], 1), full, atol=1e-6, rtol=0)
     assert len(slot) == 6 and slot.key.shape == (2, 4, 6, 4)
+
+
+def test_what_a_cache_keeps_is_keep_last_and_window_is_its_older_name() -> None:
+    """Issue 34: ``window`` named two things, what a query of sliding-window
+    attention sees and what a rolling cache keeps; the cache's is ``keep_last``,
+    and ``window`` (chapters 9 and 13) still reaches it."""
+    for cache in (KVCache(window=4, sink_tokens=1), KVCache(keep_last=4, sink_tokens=1)):
+        assert (cache.keep_last, cache.window, cache.sink_tokens) == (4, 4, 1)
+        assert repr(cache).startswith("KVCache(keep_last=4, sink_tokens=1,")
+    slot = LayerKVCache(window=2)
+    for p in range(4):
+        slot.update(torch.full((1, 1, 1, 1), float(p)), torch.zeros(1, 1, 1, 1))
+    assert slot.key.flatten().tolist() == [2, 3] and slot.keep_last == slot.window == 2
+    with pytest.raises(ValueError, match="window"):
+        KVCache(keep_last=4, window=4)
+    with pytest.raises(ValueError, match="window"):
+        LayerKVCache(window=0)
+    with pytest.raises(ValueError, match="keep_last"):
+        LayerKVCache(sink_tokens=2)
