@@ -301,8 +301,10 @@ def test_validation_stays_under_fifteen_percent_of_the_code():
 
 
 @pytest.mark.xfail(
-    reason="issue 34: the core is at 15.1% (601 of 3,978 lines at f0d066e) until "
-    "MultiHeadAttention and CausalLM validate once (items 1-4)",
+    reason="issue 34: the core is at 15.8% (804 of 5,089 lines at 09ccdc9; 15.1% at f0d066e): "
+    "the checks written twice are gone (mha/mla/gated-deltanet forwards use check_cache, "
+    "the dynamic-RoPE refusal is written once), but the modules added since validate "
+    "more than 15% (hf_models.py 62/200, paged_cache.py +28, blocks.py 13/66)",
     strict=False,
 )
 def test_validation_stays_under_fifteen_percent_of_the_core():
