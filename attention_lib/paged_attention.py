@@ -160,14 +160,17 @@ def paged_attention_core(
     used = -(-int(lengths.max()) // block_size) if len(lengths) else 0
     pos = positions.repeat(1, group)[:, None, :, None]  # (S, 1, g Lq, 1), as the rows of q
     first = first.repeat(1, group)[:, None, :, None]
-    heads_kv = torch.arange(kv_heads, device=query.device)[None, :, None]  # (1, H_kv, 1)
-    keys, values = key_pool.transpose(1, 2), value_pool.transpose(1, 2)  # (N, H_kv, bs, d): views
     for b0 in range(lowest // block_size, used, tile_blocks):
         ids = tables[:, b0 : b0 + tile_blocks]  # (S, n)
         n = ids.shape[1]
-        blocks = ids.clamp(min=0)[:, None, :]  # (S, 1, n); a missing block reads block 0, hidden
-        k = keys[blocks, heads_kv].flatten(2, 3)  # (S, H_kv, n bs, d_k): one copy, this layout
-        v = values[blocks, heads_kv].flatten(2, 3)  # (S, H_kv, n bs, d_v)
+        blocks = ids.clamp(min=0).flatten()  # (S n,); a missing block reads block 0, hidden
+        k, v = (
+            pool.index_select(0, blocks)
+            .view(num_seqs, -1, kv_heads, pool.shape[-1])
+            .transpose(1, 2)
+            .contiguous()
+            for pool in (key_pool, value_pool)
+        )  # (S, H_kv, n bs, d_k) and (S, H_kv, n bs, d_v)
         scores = q @ k.transpose(-2, -1)  # (S, H_kv, g Lq, n bs)
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)

@@ -503,9 +503,9 @@ class PagedPack(KVCache):
         self.pool, self.seqs = pool, seqs
         size = pool.block_size
         widest = max(len(pool.tables[s]) for s in seqs)
-        self.tables = torch.full((len(seqs), widest), -1, dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            self.tables[row, : len(pool.tables[seq])] = torch.tensor(pool.tables[seq])
+        self.tables = torch.tensor(
+            [pool.tables[s] + [-1] * (widest - len(pool.tables[s])) for s in seqs]
+        )  # (S, widest)
         start = torch.tensor(starts)
         count = torch.tensor(counts)
         self.lengths = start + count  # (S,)

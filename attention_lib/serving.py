@@ -185,6 +185,9 @@ class Engine:
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
         self.watermark_blocks = int(watermark * num_blocks)
         self._first_key = [_first_key(layer.self_attn) for layer in model.blocks.layers]
+        self._windowed = all(
+            layer.self_attn.window or layer.self_attn.chunk_size for layer in model.blocks.layers
+        )  # every layer forgets old keys: blocks can be released
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.trace: list[tuple[int, int]] = []
@@ -222,7 +225,7 @@ class Engine:
         row, read in place; a request whose tokens are then all computed gets
         its next (greedy) token."""
         seqs, counts = [r.seq for r, _ in work], [n for _, n in work]
-        tokens = torch.cat([r.tokens()[r.computed : r.computed + n] for r, n in work])
+        tokens = torch.cat([_pending(r, n) for r, n in work])
         pack = self.cache.pack(seqs, counts)
         logits = self.model(tokens[None], cache=pack, positions=pack.positions)  # (1, N, V)
         nexts = logits[0, pack.last].argmax(-1).tolist()  # (S,)
@@ -236,9 +239,9 @@ class Engine:
                 request.last_step = self.steps
             if self.prefix_caching:
                 self.cache.publish(request.seq, request.tokens()[: request.computed].tolist())
-            # blocks no later query of any layer reads (sliding windows, chunks)
-            first = min(f(request.computed) for f in self._first_key)
-            self.cache.release_before(request.seq, first)
+            if self._windowed:  # blocks no later query of any layer reads
+                first = min(f(request.computed) for f in self._first_key)
+                self.cache.release_before(request.seq, first)
         self.batched[-1] += len(tokens)
 
     def _blocks_for(self, request: Request, count: int) -> int:
@@ -392,6 +395,14 @@ class Engine:
         finally:
             self.model.train(was_training)
         return [r.tokens() for r in requests]
+
+
+def _pending(request: Request, count: int) -> Tensor:
+    """The ``count`` tokens of ``request`` after the ``computed`` ones, ``(count,)``."""
+    start = request.computed - len(request.prompt)
+    if start >= 0:  # decoding: from the output list, without building tokens()
+        return request.prompt.new_tensor(request.output[start : start + count])
+    return request.tokens()[request.computed : request.computed + count]
 
 
 def _first_key(mixer: torch.nn.Module):
