@@ -75,7 +75,7 @@ _FOREIGN_AFTER = re.compile(r"\s+(?:of|in)\s+(?:the|a|an|their|his|her|its|this)
 # "(chapters 10–12): ...; 11 serving (...); 12 attention across machines": chapters listed
 # by their bare numbers (only listed for review).
 _BARE = re.compile(r"(?<=[:;]\s)(\d{1,2})\s+(?=[a-z])")
-_FOREIGN_BEFORE = re.compile(r"(?:paper|thesis|book|report|textbook)(?:'s|’s)?\s+$", re.I)
+_FOREIGN_BEFORE = re.compile(r"(?:paper|thesis|book|report|textbook)(?:'s|’s)?\s+$", re.IGNORECASE)
 
 
 @dataclass
@@ -218,7 +218,7 @@ def rewrite_prose(text: str, plan: Plan, where: str = "", report: Report | None 
     def numbered_link(m: re.Match) -> str:
         # "[8. Attention that writes](09_attention_that_writes.ipynb": the file is renamed
         # already; the number follows the file's.
-        n, rest, target = m.groups()
+        _, rest, target = m.groups()
         return f"[{int(target[:2])}{rest}{target}"
 
     if report is not None and plan.inserted is not None:

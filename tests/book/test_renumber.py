@@ -9,11 +9,10 @@ are 1..N in both editions, catalogs keep msgid and msgstr in step.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import re
-import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
-import renumber  # noqa: E402
-from renumber import Plan, Report, rewrite_catalog, rewrite_prose, rewrite_title  # noqa: E402
+import renumber
+from renumber import Plan, Report, rewrite_catalog, rewrite_prose, rewrite_title
 
 STEMS = {
     7: "07_learned_attention", 8: "08_attention_that_writes", 9: "09_modern_attention",
@@ -146,8 +145,9 @@ msgstr ""
 
 
 def test_catalog_msgid_and_msgstr_change_together() -> None:
-    from babel.messages.pofile import read_po
     import io
+
+    from babel.messages.pofile import read_po
 
     report = Report()
     new = rewrite_catalog(CATALOG, insert_at(8), "09.po", report, number=9)
