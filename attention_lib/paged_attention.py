@@ -3,7 +3,7 @@
 A :class:`~attention_lib.PagedKVCache` stores each sequence's keys and values
 in fixed-size blocks scattered over a pool. Gathering them into one dense
 ``(B, H_kv, T, d_k)`` tensor before attending (what
-:class:`~attention_lib.paged_cache.PagedBatch` does) copies the whole cache at
+:class:`~attention_lib.PagedBatch` does) copies the whole cache at
 every step: memory and traffic that grow with the tokens held.
 PagedAttention (Kwon et al., 2023), FlashInfer and FlashAttention's paged
 kernels instead *walk* the block table: they load a few blocks of keys at a
@@ -12,15 +12,15 @@ maximum ``m``, running sum ``l``, running output ``acc``), and move on, so the
 extra memory is one tile of blocks, whatever the length of the sequences.
 
 :func:`paged_attention` is that walk written with ordinary PyTorch ops: at
-tile ``j`` it indexes blocks ``j * tile .. (j + 1) * tile - 1`` of every
-sequence's table in the pool, computes their scores against the sequence's
+each tile it reads the next few blocks of every sequence's table from the
+pool, computes their scores against the sequence's
 queries, hides the keys each query may not see (later positions, keys outside
 a sliding window or outside the query's chunk, slots past the sequence's end)
-and merges the tile with
-:func:`~attention_lib.online_softmax.online_softmax_core`, the merge of
-chapter 10's tiled attention (unchecked: the engine validates once per step). Attention sinks (gpt-oss) are the state's
-starting point: ``m = sink``, ``l = 1``, ``acc = 0`` is a virtual key of
-logit ``sink`` and value zero.
+and merges the tile with ``online_softmax_core``, the merge of chapter 10's
+tiled attention (:func:`~attention_lib.tiled.online_softmax_update` without
+its checks: the engine validates once per step). Attention sinks (gpt-oss)
+are the state's starting point: ``m = sink``, ``l = 1``, ``acc = 0`` is a
+virtual key of logit ``sink`` and value zero.
 
 Explained in chapter 11, *Serving attention*.
 """

@@ -313,7 +313,7 @@ class PagedKVCache:
 
     def pack(self, seqs: Sequence[int], counts: Sequence[int]) -> PagedPack:
         """Reserve room for ``counts[i]`` more tokens of ``seqs[i]`` and return
-        the :class:`~attention_lib.paged_attention.PagedPack` of the step: every
+        the :class:`~attention_lib.PagedPack` of the step: every
         new token of every sequence in one row, read in place
         (``model(tokens, cache=pack, positions=pack.positions)`` with
         ``tokens`` the ``(1, sum(counts))`` new tokens, sequence after sequence).

@@ -8,7 +8,7 @@ batching** (Orca, Yu et al. 2022; vLLM; nano-vllm) decides again at every
 step: :meth:`Engine.step` retires the requests that have finished, admits
 waiting ones while the :class:`~attention_lib.PagedKVCache` has free blocks,
 and runs the batch. Attention reads the blocks **in place**
-(:func:`~attention_lib.paged_attention.paged_attention`): every step's tokens
+(:func:`~attention_lib.paged_attention`): every step's tokens
 are packed in one row, and each sequence's queries walk its own block table.
 
 Two schedules:
