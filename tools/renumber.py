@@ -341,7 +341,9 @@ def rewrite_catalog(text: str, plan: Plan, path: str, report: Report, number: in
 def tracked_files(root: Path) -> list[str]:
     """The repository's text files to look at (git's list when there is one)."""
     try:
-        listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+        # Tracked files and new ones not yet added (a chapter being written), not ignored ones.
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                                cwd=root, capture_output=True, text=True,
                                 check=True).stdout.split("\n")
         names = [n for n in listed if n and (root / n).is_file()]
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -490,9 +492,14 @@ def what_to_write(plan: Plan) -> str:
 
 
 def _move(root: Path, src: str, dst: str, use_git: bool) -> None:
-    if use_git:
+    tracked = use_git and subprocess.run(
+        ["git", "ls-files", "--error-unmatch", src], cwd=root, capture_output=True, check=False
+    ).returncode == 0
+    if (root / dst).exists():
+        raise SystemExit(f"{dst} exists already")
+    if tracked:
         subprocess.run(["git", "mv", src, dst], cwd=root, check=True)
-    else:
+    else:  # a file not yet added to git
         (root / src).rename(root / dst)
 
 
