@@ -156,9 +156,84 @@ class AttentionConverters:
         layer this package can reproduce (chapter 9's Llama, Mistral, Qwen2-style
         windows; Qwen3's QK-norm, Gemma 2's soft-capping and gpt-oss's sinks, the
         features of chapter 13), or a ``ValueError`` naming what it cannot.
+        A BERT ``BertAttention`` (its ``self``, a ``BertSelfAttention``, and
+        its ``output``, a ``BertSelfOutput``) is converted by
+        :meth:`from_hf_bert`.
 
         Explained in chapter 13, *Where attention goes*."""
+        if _is_bert_attention(module):
+            return cls.from_hf_bert(module, backend=backend)
         return cls.from_hf_llama(module, backend=backend)
+
+    @classmethod
+    def from_hf_bert(cls, module: nn.Module, *, backend: str = "lib") -> Self:
+        """Build the module that computes BERT's multi-head self-attention: a
+        🤗 transformers ``BertAttention``'s ``self.query``, ``self.key``,
+        ``self.value`` become ``W_q``, ``W_k``, ``W_v`` and ``output.dense``
+        becomes ``W_o``. Bidirectional: call it without ``is_causal``, with the
+        keep-mask of the real tokens, ``(B, 1, 1, L)``.
+        ``output.LayerNorm`` (and the residual it normalises) is not attention:
+        it is the post-LN norm of the layer (``EncoderLayer(norm_placement=
+        "post")``), which :meth:`Encoder.from_hf <attention_lib.Encoder.from_hf>`
+        copies.
+
+        Explained in Part II's chapter *Attention in a trained model* (to be written).
+
+        Args:
+            module: a ``BertAttention`` of a ``BertModel`` (all-MiniLM-L6-v2's).
+            backend: attention backend of the new module.
+
+        Returns:
+            A new :class:`~attention_lib.MultiHeadAttention` with copied
+            parameters, in the training/eval mode of ``module``.
+
+        Raises:
+            TypeError: if ``module`` is not a ``BertAttention``-like layer.
+            ValueError: for a cross-attention, a causal (decoder) layer or
+                relative position scores, which this class does not compute.
+        """
+        if not _is_bert_attention(module):
+            raise TypeError(f"module must be a BertAttention, got {type(module).__name__}")
+        inner, config = module.self, getattr(module.self, "config", None)
+        heads = int(getattr(inner, "num_attention_heads", 0))
+        d_model = inner.query.in_features
+        refused = {
+            "cross-attention": getattr(module, "is_cross_attention", False),
+            "causal attention (a decoder)": getattr(inner, "is_causal", False)
+            or getattr(config, "is_decoder", False),
+            "relative position scores": getattr(config, "position_embedding_type", "absolute")
+            != "absolute",
+            "heads that do not split the width": heads < 1 or inner.query.out_features % heads,
+            "a bias in some projections only": len(
+                {
+                    part.bias is None
+                    for part in (inner.query, inner.key, inner.value, module.output.dense)
+                }
+            )
+            > 1,
+        }
+        found = [feature for feature, has in refused.items() if has]
+        if found:
+            raise ValueError(f"cannot convert {type(module).__name__}: {', '.join(found)}")
+        head_dim = inner.query.out_features // heads
+        scaling = float(getattr(inner, "scaling", head_dim**-0.5))
+        weight = inner.query.weight
+        ours = cls(
+            d_model,
+            heads,
+            dropout=float(getattr(config, "attention_probs_dropout_prob", 0.0)),
+            bias=inner.query.bias is not None,
+            backend=backend,
+            scale=None if math.isclose(scaling, head_dim**-0.5, rel_tol=1e-9) else scaling,
+            head_dim=None if head_dim * heads == d_model else head_dim,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        theirs = (inner.query, inner.key, inner.value, module.output.dense)
+        with torch.no_grad():
+            for linear, source in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), theirs):
+                linear.load_state_dict(source.state_dict())
+        return ours.train(module.training)
 
     @classmethod
     def from_hf_llama(cls, module: nn.Module, *, backend: str = "lib") -> Self:
@@ -316,6 +391,15 @@ class AttentionConverters:
             if sink:
                 ours.sink.copy_(sinks)
         return ours.train(module.training)
+
+
+def _is_bert_attention(module: object) -> bool:
+    """Whether ``module`` has a ``BertAttention``'s parts: ``self.query``,
+    ``self.key``, ``self.value`` and ``output.dense``, all ``nn.Linear``."""
+    inner, output = getattr(module, "self", None), getattr(module, "output", None)
+    parts = [getattr(inner, n, None) for n in ("query", "key", "value")]
+    parts.append(getattr(output, "dense", None))
+    return isinstance(module, nn.Module) and all(isinstance(p, nn.Linear) for p in parts)
 
 
 def _rope_scaling(rope: dict) -> tuple[dict | None, bool]:

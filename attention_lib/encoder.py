@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .bert import TextEncoder, text_encoder_from_hf
 from .blocks import BlockSpec
 from .kv_cache import KVCache, LayerKVCache
 from .layer_types import LAYER_TYPES, LayerSpec, LayerType
@@ -47,6 +48,10 @@ from .validation import (
 
 #: Accepted values of ``TokenClassifier(positional=...)`` and ``CausalLM(positional=...)``.
 POSITIONAL_KINDS = ("sinusoidal", "learned", None)
+#: Accepted values of ``Encoder(norm_placement=...)``: pre-LN (the book's) or post-LN (BERT's).
+NORM_PLACEMENTS = ("pre", "post")
+#: Accepted values of ``FeedForward(activation=...)``: the book's ReLU, BERT's (exact) GELU.
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
 def position_module(positional: object, d_model: int, max_len: int) -> nn.Module | None:
@@ -151,7 +156,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """The position-wise feed-forward block: ``Linear -> ReLU -> Dropout -> Linear``.
+    """The position-wise feed-forward block: ``Linear -> ReLU -> Dropout -> Linear``
+    (or GELU instead of ReLU, as in BERT).
 
     The same two-layer MLP is applied to every position separately (it never
     mixes positions; only attention does). It widens each vector to ``d_ff``
@@ -165,18 +171,23 @@ class FeedForward(nn.Module):
         d_model: input and output width.
         d_ff: hidden width.
         dropout: dropout probability after the ReLU (active in ``train()`` only).
+        activation: ``"relu"`` (default) or ``"gelu"`` (the exact, erf GELU of
+            BERT: :meth:`Encoder.from_hf`).
 
     Shapes:
         - x: ``(..., d_model)``
         - output: ``(..., d_model)``
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, dropout: float = 0.0, *, activation: str = "relu"
+    ) -> None:
         super().__init__()
         check_int("d_model", d_model, minimum=1)
         check_int("d_ff", d_ff, minimum=1)
+        check_choice("activation", activation, tuple(ACTIVATIONS))
         self.linear1 = nn.Linear(d_model, d_ff)
-        self.activation = nn.ReLU()
+        self.activation = ACTIVATIONS[activation]()
         self.dropout = nn.Dropout(check_dropout_p(dropout, name="dropout"))
         self.linear2 = nn.Linear(d_ff, d_model)
 
@@ -221,6 +232,11 @@ class EncoderLayer(nn.Module):
             :class:`~attention_lib.BlockSpec` (RMSNorm, gated MLPs,
             sandwich norms of today's decoders); ``None`` (default) for the
             ``LayerNorm`` and ReLU :class:`FeedForward` described above.
+        norm_placement: ``"pre"`` (default, above) or ``"post"``, the
+            original Transformer's and BERT's ``x = LayerNorm(x + block(x))``
+            (:meth:`Encoder.from_hf`).
+        activation: the :class:`FeedForward`'s, ``"relu"`` (default) or
+            ``"gelu"`` (BERT's).
 
     A building block: its ``forward`` checks nothing itself; its
     self-attention, a :class:`~attention_lib.MultiHeadAttention`, validates
@@ -244,6 +260,8 @@ class EncoderLayer(nn.Module):
         layer_type: str | LayerSpec | None = None,
         layer_table: Mapping[str, LayerType] | None = None,
         block: BlockSpec | None = None,
+        norm_placement: str = "pre",
+        activation: str = "relu",
         **attention: Any,
     ) -> None:
         super().__init__()
@@ -251,6 +269,10 @@ class EncoderLayer(nn.Module):
         d_ff = 4 * d_model if d_ff is None else d_ff
         if block is not None:
             check_instance("block", block, BlockSpec, "a BlockSpec or None")
+        check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
+        self.norm_placement = norm_placement
+        if norm_placement == "post" and block is not None and block.sandwich:
+            raise ValueError("norm_placement='post' with a sandwich block: one or the other")
         self.block = block
         self.norm1 = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
         self.layer_type = self.spec = None
@@ -267,7 +289,7 @@ class EncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
         if block is None or block.mlp == "relu":
-            self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
+            self.ffn = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
         else:  # a gated MLP (today's decoders)
             self.ffn = block.make_mlp(d_model, d_ff)
         self.dropout2 = nn.Dropout(dropout)
@@ -306,7 +328,7 @@ class EncoderLayer(nn.Module):
             TypeError, ValueError: on bad input, as
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`.
         """
-        h = self.norm1(x)  # (B, L, d)
+        h = self.norm1(x) if self.norm_placement == "pre" else x  # (B, L, d)
         attended = self.self_attn(
             h,
             h,
@@ -330,7 +352,7 @@ class EncoderLayer(nn.Module):
         own) is called as a self-attention, and checks itself. (The path of
         chapter 8's :class:`~attention_lib.CausalLM`.)
         """
-        h = self.norm1(x)  # (B, L, d)
+        h = self.norm1(x) if self.norm_placement == "pre" else x  # (B, L, d)
         mixer = self.self_attn
         if hasattr(mixer, "mix"):  # through __call__: hooks on the mixer still see it
             attended = mixer(h, step=step, kv_cache=cache, need_weights=need_weights)
@@ -346,7 +368,12 @@ class EncoderLayer(nn.Module):
 
     def _residuals(self, x: Tensor, attn: Tensor, weights: Tensor | None) -> Any:
         """``x + attn``, then ``x + ffn(norm2(x))``, each sublayer's output
-        normalised first in a sandwich block; with the weights if given."""
+        normalised first in a sandwich block; with the weights if given.
+        Post-LN: ``norm1(x + attn)``, then ``norm2(x + ffn(x))``."""
+        if self.norm_placement == "post":
+            x = self.norm1(x + self.dropout1(attn))  # (B, L, d)
+            x = self.norm2(x + self.dropout2(self.ffn(x)))  # (B, L, d)
+            return x if weights is None else (x, weights)
         if self.post_norm1 is not None:
             attn = self.post_norm1(attn)
         x = x + self.dropout1(attn)
@@ -389,6 +416,11 @@ class Encoder(nn.Module):
         block: every layer's norms and MLP, and the final norm's kind, a
             :class:`~attention_lib.BlockSpec`; ``None`` (default):
             ``LayerNorm`` and ReLU :class:`FeedForward`.
+        norm_placement: ``"pre"`` (default) or ``"post"`` (BERT's, see
+            :class:`EncoderLayer`): a post-LN stack has no final norm, its
+            layers' outputs are normalised already.
+        activation: the feed-forward activation, ``"relu"`` (default) or
+            ``"gelu"``.
         **attention: the self-attention options of every layer (see
             :class:`EncoderLayer`).
 
@@ -411,6 +443,8 @@ class Encoder(nn.Module):
         nope_layers: Sequence[int] = (),
         layer_table: Mapping[str, LayerType] | None = None,
         block: BlockSpec | None = None,
+        norm_placement: str = "pre",
+        activation: str = "relu",
         **attention: Any,
     ) -> None:
         super().__init__()
@@ -431,11 +465,27 @@ class Encoder(nn.Module):
                 layer_type=kind,
                 layer_table=layer_table,
                 block=block,
+                norm_placement=norm_placement,
+                activation=activation,
                 **(_without_rope(attention) if i in nope_layers else attention),
             )
             for i, kind in enumerate(kinds)
         )
-        self.norm = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
+        self.norm: nn.Module | None = None  # post-LN: the layers normalise their outputs
+        if norm_placement == "pre":
+            self.norm = nn.LayerNorm(d_model) if block is None else block.make_norm(d_model)
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> TextEncoder:
+        """The book's modules with the weights of a 🤗 transformers ``BertModel``
+        (all-MiniLM-L6-v2, BERT itself): a :class:`~attention_lib.bert.TextEncoder`,
+        its embeddings and a post-LN GELU ``Encoder`` whose self-attentions are
+        :meth:`MultiHeadAttention.from_hf <attention_lib.MultiHeadAttention.from_hf>`.
+        See :func:`~attention_lib.bert.text_encoder_from_hf`.
+
+        Explained in Part II's chapter *Attention in a trained model* (to be written).
+        """
+        return text_encoder_from_hf(model, cls)
 
     @staticmethod
     def num_parameters(d_model: int, num_layers: int, d_ff: int | None = None) -> int:
@@ -501,7 +551,7 @@ class Encoder(nn.Module):
             )
             x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
             all_weights.append(weights)
-        x = self.norm(x)
+        x = x if self.norm is None else self.norm(x)
         if not need_weights:
             return x
         if len({w.shape for w in all_weights}) > 1:  # caches of different spans
@@ -522,7 +572,7 @@ class Encoder(nn.Module):
             out = layer.mix(x, step, layer_cache, need_weights=need_weights)
             x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
             all_weights.append(weights)
-        x = self.norm(x)
+        x = x if self.norm is None else self.norm(x)
         if not need_weights:
             return x
         if len({w.shape for w in all_weights}) > 1:  # caches of different spans
