@@ -18,8 +18,8 @@ A :class:`BlockSpec` names these choices as one frozen value, which
 ``CausalLM(block=...)`` (and :class:`~attention_lib.Encoder`) take: every
 layer of the model is built from it. ``BlockSpec()`` is chapter 7's block.
 
-Explained in the closing chapter of Part IV, *Assembling a 2026 model* (to be
-written).
+Explained in chapter 17, *Assembling a 2026 model*, the closing chapter of
+Part IV.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class RMSNorm(nn.Module):
     ones; ``offset=1`` is Gemma's ``1 + w``, ``w`` starting at zeros. Either
     way a fresh norm scales by one.
 
-    Explained in the closing chapter of Part IV, *Assembling a 2026 model*
-    (to be written).
+    Explained in chapter 17, *Assembling a 2026 model*, the closing chapter
+    of Part IV.
 
     Args:
         dim: width of the last dimension.
@@ -99,8 +99,8 @@ class GatedMLP(nn.Module):
     ``d_model * d_ff`` where chapter 7's MLP has two: gated models pick a
     smaller ``d_ff`` for the same parameters.
 
-    Explained in the closing chapter of Part IV, *Assembling a 2026 model*
-    (to be written).
+    Explained in chapter 17, *Assembling a 2026 model*, the closing chapter
+    of Part IV.
 
     Args:
         d_model: input and output width.
@@ -144,8 +144,8 @@ class BlockSpec:
     ``BlockSpec("rms_1p", mlp="geglu", sandwich=True)`` is Gemma 3's.
     The final norm of the stack is of the same kind.
 
-    Explained in the closing chapter of Part IV, *Assembling a 2026 model*
-    (to be written).
+    Explained in chapter 17, *Assembling a 2026 model*, the closing chapter
+    of Part IV.
 
     Attributes:
         norm: ``"layer"`` (``nn.LayerNorm``), ``"rms"`` (:class:`RMSNorm`)

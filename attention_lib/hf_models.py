@@ -22,8 +22,8 @@ finished model is run once against the original on a short probe
 (``check=True``), so a computation that no submodule shows (a multiplier in
 the model's own ``forward``) is refused too, never converted silently wrong.
 
-Explained in the closing chapter of Part IV, *Assembling a 2026 model* (to be
-written).
+Explained in chapter 17, *Assembling a 2026 model*, the closing chapter of
+Part IV.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class DecoderConverters:
     (``CausalLM.from_hf(model)``): it builds ``cls`` from a whole 🤗
     transformers decoder, or refuses the model by name.
 
-    Explained in the closing chapter of Part IV, *Assembling a 2026 model*
-    (to be written).
+    Explained in chapter 17, *Assembling a 2026 model*, the closing chapter
+    of Part IV.
     """
 
     @classmethod
@@ -90,8 +90,8 @@ class DecoderConverters:
         ``MultiHeadAttention.from_hf`` refuses (``"dynamic"`` RoPE,
         a bias in some projections only, ...).
 
-        Explained in the closing chapter of Part IV, *Assembling a 2026 model*
-        (to be written).
+        Explained in chapter 17, *Assembling a 2026 model*, the closing
+        chapter of Part IV.
 
         Args:
             model: a transformers ``...ForCausalLM`` with ``model.model``
