@@ -62,6 +62,7 @@ TEXT_NAMES = {"Makefile", "run"}
 REVIEW_ONLY = ("tests/book/", "tests/browser/", "tools/", ".ci/", ".github/", "Makefile")
 
 _CHAPTER_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)$")
+_OFF_REGION = re.compile(r"(renumber: off.*?renumber: on)", re.DOTALL)
 
 # "chapter 9", "Chapters 7 and 9", "chapters 10–16", "chapters 13, 14 and 16", "chapter 9's"
 _NUM_SEP_EN = r"(?:\s*[–—-]\s*|,\s+and\s+|,\s+or\s+|,\s*|\s+and\s+|\s+or\s+|\s+to\s+|\s+through\s+)"
@@ -74,6 +75,7 @@ _RANGE = re.compile(r"(\d+)(\s*(?:[–—~-]|至|到|\s+to\s+|\s+through\s+)\s*)
 _FOREIGN_AFTER = re.compile(r"\s+(?:of|in)\s+(?:the|a|an|their|his|her|its|this)\s+(?!book\b)\w+")
 # "(chapters 10–12): ...; 11 serving (...); 12 attention across machines": chapters listed
 # by their bare numbers (only listed for review).
+_SPAN = re.compile(r"[Cc]hapters\s+(\d+)\s*[–—-]\s*(\d+)")
 _BARE = re.compile(r"(?<=[:;]\s)(\d{1,2})\s+(?=[a-z])")
 _FOREIGN_BEFORE = re.compile(r"(?:paper|thesis|book|report|textbook)(?:'s|’s)?\s+$", re.IGNORECASE)
 
@@ -221,13 +223,22 @@ def rewrite_prose(text: str, plan: Plan, where: str = "", report: Report | None 
         _, rest, target = m.groups()
         return f"[{int(target[:2])}{rest}{target}"
 
-    if report is not None and plan.inserted is not None:
-        for m in _BARE.finditer(text):
-            if (int(m.group(1)) in plan.numbers and int(m.group(1)) >= plan.inserted
-                    and re.search(r"[Cc]hapters\s+\d", text[max(0, m.start() - 300): m.start()])):
-                report.review.append(
-                    f"{where}: {text[max(0, m.start() - 30): m.end() + 20]!r}"
-                    "  (a bare number that may be a chapter's: left alone)")
+    def bare(m: re.Match) -> str:
+        # "(chapters 10–12): ...; 11 serving (...); 12 attention across machines": a bare
+        # number inside the range just announced is a chapter's.
+        n = int(m.group(1))
+        ranges = _SPAN.findall(text[max(0, m.start() - 300): m.start()])
+        if n not in plan.numbers or plan.numbers[n] == n or not ranges:
+            return m.group(0)
+        context = f"{where}: {text[max(0, m.start() - 30): m.end() + 20]!r}"
+        a, b = map(int, ranges[-1])
+        if numbers and a <= n <= b:
+            return str(plan.numbers[n]) + m.group(0)[len(m.group(1)):]
+        if report is not None:
+            report.review.append(f"{context}  (a bare number that may be a chapter's: left alone)")
+        return m.group(0)
+
+    text = _BARE.sub(bare, text)
     text = _EN.sub(english, text)
     text = _ZH.sub(chinese, text)
     if numbers:
@@ -367,7 +378,13 @@ def rewrite_file(root: Path, name: str, plan: Plan, report: Report) -> str | Non
         new = rewrite_catalog(text, plan, name, report, number)
     else:
         numbers = not name.startswith(REVIEW_ONLY)
-        new = rewrite_prose(text, plan, name, report, numbers=numbers)
+        # Text between "renumber: off" and "renumber: on" (in a comment) is kept as it is:
+        # examples of the tool's own, history.
+        parts = _OFF_REGION.split(text)
+        new = "".join(
+            part if i % 2 else rewrite_prose(part, plan, name, report, numbers=numbers)
+            for i, part in enumerate(parts)
+        )
         if new != text:
             for old_part, new_part in _line_diffs(text, new):
                 report.add(name, old_part, new_part)

@@ -71,6 +71,9 @@ def rewrite(text: str, number: int = 8, report: Report | None = None) -> str:
         ("# the blocks *are* chapter 8's encoder", "# the blocks *are* chapter 9's encoder"),
         ("Explained in chapter 9, *Modern attention*; also in chapters 10 and 11.",
          "Explained in chapter 10, *Modern attention*; also in chapters 11 and 12."),
+        ("(chapters 10–12): tiled attention; 11 serving (ragged); 12 attention across",
+         "(chapters 11–13): tiled attention; 12 serving (ragged); 13 attention across"),
+        ("(chapters 1–6): a; 9 heads: 10 layers", "(chapters 1–6): a; 9 heads: 10 layers"),
         # Chinese
         ("见第 9 章。", "见第 10 章。"),
         ("第 9–12 章", "第 10–13 章"),
@@ -328,3 +331,15 @@ def test_rename_changes_names_not_numbers(tmp_path: Path) -> None:
     )
     with pytest.raises(SystemExit):
         renumber.plan_rename(tmp_path, "b", "03_bee")
+
+
+def test_regions_marked_off_are_left_alone(tmp_path: Path) -> None:
+    text = (
+        "See chapter 9.\n<!-- renumber: off -->\nExample: chapter 9 and 09_modern_attention.\n"
+        "<!-- renumber: on -->\nAnd chapter 10.\n"
+    )
+    (tmp_path / "notes.md").write_text(text)
+    new = renumber.rewrite_file(tmp_path, "notes.md", insert_at(8), Report())
+    assert new == text.replace("See chapter 9", "See chapter 10").replace(
+        "And chapter 10", "And chapter 11"
+    )
