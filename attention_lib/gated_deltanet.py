@@ -94,17 +94,22 @@ class GatedDeltaNet(nn.Module):
 
     A drop-in for the self-attention of a decoder block (Qwen3-Next uses it in
     three layers out of four). Its projections, short convolution, gates and
-    norm are those of 🤗 transformers' ``Qwen3NextGatedDeltaNet``, with one
-    simplification: as many query/key heads as value heads (Qwen3-Next may
-    share a query/key head between several value heads).
+    norm are those of 🤗 transformers' ``Qwen3NextGatedDeltaNet``, including
+    its grouped heads (Qwen3-Next: 16 query/key heads shared by 32 value
+    heads); :meth:`from_hf` copies one.
 
     Explained in chapter 16, *Attention without softmax*.
 
     Args:
         d_model: model width.
-        num_heads: heads ``H``.
-        head_dim: width of a head's queries, keys and values; defaults to
-            ``d_model // num_heads``.
+        num_heads: heads ``H``: value heads, gates (``beta``, ``g``), states.
+        head_dim: width of a head's values (and, by default, queries and
+            keys); defaults to ``d_model // num_heads``.
+        num_key_heads: query/key heads ``H_k``, dividing ``num_heads``: each
+            serves ``H // H_k`` consecutive value heads (Qwen3-Next: 16 for
+            32). Defaults to ``num_heads`` (one query/key head per value head).
+        key_head_dim: width of a head's queries and keys (the state is
+            ``(key_head_dim, head_dim)``); defaults to ``head_dim``.
         conv_size: taps of the causal depthwise convolution over ``q, k, v``
             (Qwen3-Next: 4), followed by SiLU; ``None`` leaves out both.
         chunk_size: tokens per chunk of the delta rule's chunked form, used
@@ -123,6 +128,8 @@ class GatedDeltaNet(nn.Module):
         num_heads: int,
         head_dim: int | None = None,
         *,
+        num_key_heads: int | None = None,
+        key_head_dim: int | None = None,
         conv_size: int | None = 4,
         chunk_size: int = 64,
         eps: float = 1e-6,
@@ -132,18 +139,93 @@ class GatedDeltaNet(nn.Module):
         self.d_model = d_model  # checked by nn.Linear
         self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
         self.head_dim = check_int("head_dim", head_dim or d_model // num_heads, minimum=1)
-        width = num_heads * self.head_dim
-        self.W_q, self.W_k, self.W_v, self.W_z = (
-            nn.Linear(d_model, width, bias=False) for _ in range(4)
-        )
+        key_heads = num_heads if num_key_heads is None else num_key_heads
+        self.num_key_heads = check_int("num_key_heads", key_heads, minimum=1)
+        if num_heads % self.num_key_heads:
+            raise ValueError(
+                f"num_key_heads must divide num_heads, got {self.num_key_heads} and {num_heads}"
+            )
+        key_dim = self.head_dim if key_head_dim is None else key_head_dim
+        self.key_head_dim = check_int("key_head_dim", key_dim, minimum=1)
+        width, key_width = num_heads * self.head_dim, self.num_key_heads * self.key_head_dim
+        self.W_q, self.W_k = (nn.Linear(d_model, key_width, bias=False) for _ in range(2))
+        self.W_v, self.W_z = (nn.Linear(d_model, width, bias=False) for _ in range(2))
         self.W_b, self.W_a = (nn.Linear(d_model, num_heads, bias=False) for _ in range(2))
         self.conv = None
         if conv_size is not None:  # depthwise: one filter per channel of (q, k, v)
-            self.conv = nn.Conv1d(3 * width, 3 * width, conv_size, groups=3 * width, bias=False)
+            channels = 2 * key_width + width
+            self.conv = nn.Conv1d(channels, channels, conv_size, groups=channels, bias=False)
         self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(0.01, 16).log())
         self.dt_bias = nn.Parameter(torch.ones(num_heads))
         self.norm = nn.RMSNorm(self.head_dim, eps=eps)
         self.W_o = nn.Linear(width, d_model, bias=False)
+
+    @classmethod
+    def from_hf(cls, module: nn.Module) -> GatedDeltaNet:
+        """Build the layer that computes what a 🤗 transformers (5.24)
+        ``Qwen3NextGatedDeltaNet`` computes, with copied parameters.
+
+        ``in_proj_qkvz`` holds, per query/key head, its query and key rows and
+        the value and gate rows of the value heads it serves; they become
+        ``W_q``, ``W_k``, ``W_v``, ``W_z``. ``in_proj_ba`` (per query/key
+        head, the ``beta`` rows then the ``a`` rows of its value heads)
+        becomes ``W_b`` and ``W_a``; ``conv1d`` (a causal depthwise
+        convolution over ``q, k, v`` followed by the config's activation)
+        becomes ``conv``; ``A_log``, ``dt_bias``, the gated RMSNorm's weight
+        and ``out_proj`` are copied as they are. The new layer uses its own
+        :class:`LayerStateCache` (the convolution's last inputs and the
+        recurrent state) where transformers' model keeps them in its cache.
+
+        Explained in chapter 16, *Attention without softmax*.
+
+        Args:
+            module: a ``Qwen3NextGatedDeltaNet`` (a ``linear_attention`` layer
+                of a ``Qwen3NextModel``).
+
+        Returns:
+            A new :class:`GatedDeltaNet`, in the training/eval mode of ``module``.
+
+        Raises:
+            TypeError: if ``module`` is not a ``Qwen3NextGatedDeltaNet``-like layer.
+            ValueError: for what this layer does not compute: a convolution
+                activation other than SiLU, or a convolution bias.
+        """
+        parts = ("in_proj_qkvz", "in_proj_ba", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
+        if not all(hasattr(module, part) for part in parts):
+            raise TypeError(f"module must be a Qwen3NextGatedDeltaNet, got {type(module).__name__}")
+        refused = {
+            f"a convolution activation {module.activation!r} (SiLU only)": module.activation
+            not in ("silu", "swish"),
+            "a convolution bias": module.conv1d.bias is not None,
+        }
+        if any(refused.values()):
+            raise ValueError(f"GatedDeltaNet does not compute {[n for n, r in refused.items() if r]}")
+        H, H_k = module.num_v_heads, module.num_k_heads
+        d, d_k, r = module.head_v_dim, module.head_k_dim, H // H_k
+        layer = cls(
+            module.hidden_size,
+            H,
+            d,
+            num_key_heads=H_k,
+            key_head_dim=d_k,
+            conv_size=module.conv_kernel_size,
+            eps=module.norm.variance_epsilon,
+        ).to(module.out_proj.weight)
+        qkvz = module.in_proj_qkvz.weight.detach().view(H_k, 2 * d_k + 2 * r * d, -1)
+        q, k, v, z = qkvz.split([d_k, d_k, r * d, r * d], dim=1)  # per query/key head
+        b, a = module.in_proj_ba.weight.detach().view(H_k, 2 * r, -1).split([r, r], dim=1)
+        with torch.no_grad():
+            for mine, theirs in zip(
+                (layer.W_q, layer.W_k, layer.W_v, layer.W_z, layer.W_b, layer.W_a),
+                (q, k, v, z, b, a),
+            ):
+                mine.weight.copy_(theirs.reshape(mine.weight.shape))  # heads in order
+            layer.conv.weight.copy_(module.conv1d.weight)
+            layer.A_log.copy_(module.A_log)
+            layer.dt_bias.copy_(module.dt_bias)
+            layer.norm.weight.copy_(module.norm.weight)
+            layer.W_o.weight.copy_(module.out_proj.weight)
+        return layer.train(module.training)
 
     def forward(
         self,
@@ -246,11 +328,13 @@ class GatedDeltaNet(nn.Module):
     def _mix(self, x: Tensor, cache: LayerStateCache | None) -> Tensor:
         """The computation of :meth:`forward` on checked input."""
         B, L, _ = x.shape
-        H, d = self.num_heads, self.head_dim
-        qkv = torch.cat([self.W_q(x), self.W_k(x), self.W_v(x)], dim=-1)  # (B, L, 3 H d)
+        H, d, H_k, d_k = self.num_heads, self.head_dim, self.num_key_heads, self.key_head_dim
+        qkv = torch.cat([self.W_q(x), self.W_k(x), self.W_v(x)], dim=-1)  # (B, L, C)
         if self.conv is not None:
-            qkv = self._short_conv(qkv, cache)  # (B, L, 3 H d)
-        q, k, v = (t.view(B, L, H, d).transpose(1, 2) for t in qkv.chunk(3, -1))  # (B, H, L, d)
+            qkv = self._short_conv(qkv, cache)  # (B, L, C), C = 2 H_k d_k + H d
+        q, k, v = qkv.split([H_k * d_k, H_k * d_k, H * d], dim=-1)
+        q, k = (t.view(B, L, H_k, d_k).transpose(1, 2) for t in (q, k))  # (B, H_k, L, d_k)
+        v = v.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
         q, k = (t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))  # unit
         beta = self.W_b(x).sigmoid().transpose(1, 2)  # (B, H, L): write strength
         g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)  # (B, L, H): log-decay
@@ -263,7 +347,7 @@ class GatedDeltaNet(nn.Module):
             None if cache is None else cache.state,
             scale=None,
             chunk_size=None if L == 1 else self.chunk_size,
-        )  # (B, H, L, d), (B, H, d, d)
+        )  # (B, H, L, d), (B, H, d_k, d): a query/key head serves H // H_k value heads
         if cache is not None:
             cache.state, cache.position = state, cache.position + L
         z = self.W_z(x).view(B, L, H, d)  # the output gate

@@ -313,7 +313,16 @@ def gated_delta_core(
     once). Returns ``(output, final_state)``: the output in ``query``'s dtype,
     the state in the computing dtype (the widest of the inputs', at least
     float32).
+
+    Grouped heads (Qwen3-Next's layout): ``query`` and ``key`` may have
+    ``H_k`` heads where ``value``, ``g``, ``beta`` and the state have ``H``,
+    ``H_k`` dividing ``H``; query/key head ``j`` then serves the ``H // H_k``
+    consecutive value heads ``j * H // H_k, ...`` (as 🤗 transformers'
+    ``repeat_interleave``). ``H_k = H`` is the ungrouped rule.
     """
+    groups = value.shape[1] // key.shape[1]
+    if groups > 1:  # each query/key head serves `groups` consecutive value heads
+        query, key = (t.repeat_interleave(groups, dim=1) for t in (query, key))
     B, H, _, d_k = key.shape
     given = (g, beta) if initial_state is None else (g, beta, initial_state)
     out_dtype, dtype = query.dtype, _compute_dtype(query, *given)
