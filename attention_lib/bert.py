@@ -113,7 +113,8 @@ class TextEncoder(nn.Module):
             tokens: ``(B, L)`` integer ids in ``[0, vocab_size)``, ``L <= max_len``.
             keep: ``(B, L)`` bool, ``True`` for real tokens (every key a query
                 may attend to), ``False`` for padding; at least one per row.
-            token_types: ``(B, L)`` segment ids; ``None`` for all zeros.
+            token_types: ``(B, L)`` segment ids, or ``(1, L)`` for every
+                sequence; ``None`` for all zeros.
             need_weights: also return every layer's attention weights.
 
         Returns:
@@ -133,9 +134,11 @@ class TextEncoder(nn.Module):
         if shape[1] > self.max_len:
             raise ValueError(f"tokens has length {shape[1]} > max_len={self.max_len}")
         check_keep(keep, tokens)
-        token_types = torch.zeros_like(tokens) if token_types is None else token_types
-        if check_token_ids(token_types, self.type_vocab_size, name="token_types").shape != shape:
-            raise ValueError(f"token_types must have shape {shape}, got {tuple(token_types.shape)}")
+        if token_types is None:
+            token_types = torch.zeros_like(tokens)
+        else:  # (B, L) or (1, L); another shape: expand_as's RuntimeError
+            types = check_token_ids(token_types, self.type_vocab_size, name="token_types")
+            token_types = types.expand_as(tokens)
         positions = torch.arange(shape[1], device=tokens.device)  # (L,)
         x = self.token_embedding(tokens) + self.token_type_embedding(token_types)  # (B, L, d)
         x = x + self.position_embedding(positions)  # (B, L, d) + (L, d)

@@ -197,20 +197,15 @@ class AttentionConverters:
         inner, config = module.self, getattr(module.self, "config", None)
         heads = int(getattr(inner, "num_attention_heads", 0))
         d_model = inner.query.in_features
+        positions = getattr(config, "position_embedding_type", "absolute")
+        parts = (inner.query, inner.key, inner.value, module.output.dense)
         refused = {
             "cross-attention": getattr(module, "is_cross_attention", False),
             "causal attention (a decoder)": getattr(inner, "is_causal", False)
             or getattr(config, "is_decoder", False),
-            "relative position scores": getattr(config, "position_embedding_type", "absolute")
-            != "absolute",
+            "relative position scores": positions not in (None, "absolute"),
             "heads that do not split the width": heads < 1 or inner.query.out_features % heads,
-            "a bias in some projections only": len(
-                {
-                    part.bias is None
-                    for part in (inner.query, inner.key, inner.value, module.output.dense)
-                }
-            )
-            > 1,
+            "a bias in some projections only": len({p.bias is None for p in parts}) > 1,
         }
         found = [feature for feature, has in refused.items() if has]
         if found:
@@ -229,9 +224,8 @@ class AttentionConverters:
             device=weight.device,
             dtype=weight.dtype,
         )
-        theirs = (inner.query, inner.key, inner.value, module.output.dense)
         with torch.no_grad():
-            for linear, source in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), theirs):
+            for linear, source in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), parts):
                 linear.load_state_dict(source.state_dict())
         return ours.train(module.training)
 

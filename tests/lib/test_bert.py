@@ -167,7 +167,7 @@ def test_from_hf_refuses_what_is_not_a_bert_model() -> None:
 
 def test_forward_refuses_bad_tokens_and_masks() -> None:
     ours = Encoder.from_hf(tiny_bert())
-    tokens, keep, _ = padded_batch()
+    tokens, keep, types = padded_batch()
     with pytest.raises(ValueError, match=r"keep must have shape \(3, 9\)"):
         ours(tokens, keep[:, :5])
     with pytest.raises(ValueError, match="vocab_size=50"):
@@ -182,6 +182,8 @@ def test_forward_refuses_bad_tokens_and_masks() -> None:
         ours(torch.ones(1, 21, dtype=torch.long), torch.ones(1, 21, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"token_types must hold ids in \[0, vocab_size=2\)"):
         ours(tokens, keep, token_types=torch.full_like(tokens, 2))
+    with pytest.raises(RuntimeError, match="expanded size"):
+        ours(tokens, keep, token_types=types[:, :5])
     with pytest.raises(ValueError, match=r"below \(2, 4\)"):
         ours.without_heads([(2, 0)])
     with pytest.raises(ValueError, match="int pairs"):
