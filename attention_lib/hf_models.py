@@ -174,9 +174,12 @@ def _attention(
     with a ``kv_b_proj``; without DeepSeek-V3.2's indexer)."""
     attention = getattr(layer, "self_attn", None)
     linear = getattr(layer, "linear_attn", None)
-    if linear is not None:  # Qwen3-Next: Gated DeltaNet with fewer q/k heads than v heads
-        name = type(linear).__name__
-        raise ValueError(f"cannot convert layer {index}, a linear-attention layer ({name})")
+    if linear is not None:  # Qwen3-Next: GatedDeltaNet.from_hf converts the layer, not yet the
+        name = type(linear).__name__  # model (its full layers' partial RoPE, its q_proj gate)
+        raise ValueError(
+            f"cannot convert layer {index}, a linear-attention layer ({name}): a model with "
+            "them is not assembled yet (GatedDeltaNet.from_hf converts the layer alone)"
+        )
     if attention is None:
         children = sorted(name for name, _ in layer.named_children())
         raise ValueError(f"cannot convert layer {index}: no self_attn (it has {children})")

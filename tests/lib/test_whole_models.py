@@ -12,7 +12,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3MLP, Gemma3RMSNorm
 from transformers.models.llama.configuration_llama import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from attention_lib import CausalLM, KVCache, MultiHeadAttention, generate
+from attention_lib import CausalLM, GatedDeltaNet, KVCache, MultiHeadAttention, generate
 from attention_lib.blocks import BlockSpec, GatedMLP, RMSNorm
 
 # --- the blocks ------------------------------------------------------------------------
@@ -292,6 +292,11 @@ def test_refuses_qwen3_next_linear_attention_layers():
     )
     with pytest.raises(ValueError, match="linear-attention layer"):
         CausalLM.from_hf(qwen3_next)
+    linear = qwen3_next.model.layers[0].linear_attn  # the layer alone converts (2 q/k, 4 v heads)
+    x = torch.randn(1, 5, qwen3_next.config.hidden_size)
+    with torch.no_grad():
+        expected = linear(hidden_states=x, cache=None, attention_mask=None)
+        torch.testing.assert_close(GatedDeltaNet.from_hf(linear)(x), expected)
     with pytest.raises(ValueError, match="RoPE"):  # its full layers: partial RoPE
         MultiHeadAttention.from_hf(qwen3_next.model.layers[3].self_attn)
 
