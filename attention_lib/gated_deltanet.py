@@ -193,13 +193,10 @@ class GatedDeltaNet(nn.Module):
         parts = ("in_proj_qkvz", "in_proj_ba", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
         if not all(hasattr(module, part) for part in parts):
             raise TypeError(f"module must be a Qwen3NextGatedDeltaNet, got {type(module).__name__}")
-        refused = {
-            f"a convolution activation {module.activation!r} (SiLU only)": module.activation
-            not in ("silu", "swish"),
-            "a convolution bias": module.conv1d.bias is not None,
-        }
-        if any(refused.values()):
-            raise ValueError(f"GatedDeltaNet does not compute {[n for n, r in refused.items() if r]}")
+        if module.activation not in ("silu", "swish"):
+            raise ValueError(f"a SiLU convolution only, got activation {module.activation!r}")
+        if module.conv1d.bias is not None:
+            raise ValueError("GatedDeltaNet's convolution has no bias, module.conv1d has one")
         H, H_k = module.num_v_heads, module.num_k_heads
         d, d_k, r = module.head_v_dim, module.head_k_dim, H // H_k
         layer = cls(

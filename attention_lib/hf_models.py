@@ -115,13 +115,8 @@ class DecoderConverters:
         decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         config = getattr(model, "config", None)
         parts = [getattr(decoder, n, None) for n in ("embed_tokens", "layers", "norm")]
-        if not (
-            isinstance(parts[0], nn.Embedding)
-            and isinstance(parts[1], nn.ModuleList)
-            and isinstance(parts[2], nn.Module)
-            and isinstance(head, nn.Linear)
-            and config is not None
-        ):
+        kinds = (nn.Embedding, nn.ModuleList, nn.Module, nn.Linear)
+        if config is None or not all(map(isinstance, (*parts, head), kinds)):
             what = "a transformers ...ForCausalLM (model.embed_tokens/layers/norm, lm_head, config)"
             raise TypeError(f"model must be {what}, got {type(model).__name__}")
         embedding, layers, final_norm = parts

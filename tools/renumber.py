@@ -122,8 +122,9 @@ def chapters(root: Path) -> dict[int, str]:
     return found
 
 
-def plan_insert(root: Path, number: int, slug: str, title: str | None = None,
-                part: str | None = None) -> Plan:
+def plan_insert(
+    root: Path, number: int, slug: str, title: str | None = None, part: str | None = None
+) -> Plan:
     current = chapters(root)
     if not re.fullmatch(r"[a-z0-9_]+", slug):
         raise SystemExit(f"the slug must be lower-case words joined by _, got {slug!r}")
@@ -170,8 +171,9 @@ def _map_numbers(numbers: str, plan: Plan, where: str, report: Report | None) ->
     return re.sub(r"\d+", lambda m: str(plan.numbers[int(m.group(0))]), numbers)
 
 
-def rewrite_prose(text: str, plan: Plan, where: str = "", report: Report | None = None,
-                  numbers: bool = True) -> str:
+def rewrite_prose(
+    text: str, plan: Plan, where: str = "", report: Report | None = None, numbers: bool = True
+) -> str:
     """``text`` with its chapter mentions, links and file names renumbered (see the module
     docstring). With ``numbers`` false only file names change; number mentions are listed."""
 
@@ -187,8 +189,8 @@ def rewrite_prose(text: str, plan: Plan, where: str = "", report: Report | None 
 
     def english(m: re.Match) -> str:
         word, space, nums = m.groups()
-        before = text[max(0, m.start() - 40): m.start()]
-        after = text[m.end(): m.end() + 40]
+        before = text[max(0, m.start() - 40) : m.start()]
+        after = text[m.end() : m.end() + 40]
         context = f"{where}: {before[-25:]}[{m.group(0)}]{after[:25]}".replace("\n", " ")
         if _FOREIGN_AFTER.match(after) or _FOREIGN_BEFORE.search(before):
             if report is not None:
@@ -227,13 +229,13 @@ def rewrite_prose(text: str, plan: Plan, where: str = "", report: Report | None 
         # "(chapters 10–12): ...; 11 serving (...); 12 attention across machines": a bare
         # number inside the range just announced is a chapter's.
         n = int(m.group(1))
-        ranges = _SPAN.findall(text[max(0, m.start() - 300): m.start()])
+        ranges = _SPAN.findall(text[max(0, m.start() - 300) : m.start()])
         if n not in plan.numbers or plan.numbers[n] == n or not ranges:
             return m.group(0)
-        context = f"{where}: {text[max(0, m.start() - 30): m.end() + 20]!r}"
+        context = f"{where}: {text[max(0, m.start() - 30) : m.end() + 20]!r}"
         a, b = map(int, ranges[-1])
         if numbers and a <= n <= b:
-            return str(plan.numbers[n]) + m.group(0)[len(m.group(1)):]
+            return str(plan.numbers[n]) + m.group(0)[len(m.group(1)) :]
         if report is not None:
             report.review.append(f"{context}  (a bare number that may be a chapter's: left alone)")
         return m.group(0)
@@ -242,15 +244,19 @@ def rewrite_prose(text: str, plan: Plan, where: str = "", report: Report | None 
     text = _EN.sub(english, text)
     text = _ZH.sub(chinese, text)
     if numbers:
-        text = re.sub(r"\[(\d+)(\\?\.\s[^\]\n]*\]\()(\d\d_[a-z0-9_]+)(?=\.(?:ipynb|html|md))",
-                      numbered_link, text)
+        text = re.sub(
+            r"\[(\d+)(\\?\.\s[^\]\n]*\]\()(\d\d_[a-z0-9_]+)(?=\.(?:ipynb|html|md))",
+            numbered_link,
+            text,
+        )
     return text
 
 
 def rewrite_title(text: str, old: int, new: int) -> str:
     """A chapter title "# 8. Title", a msgid "8. Title" or a msgstr "8\\. 标题" renumbered."""
-    return re.sub(rf"^(#\s+)?{old}(\\?\.\s)", lambda m: f"{m.group(1) or ''}{new}{m.group(2)}",
-                  text, count=1)
+    return re.sub(
+        rf"^(#\s+)?{old}(\\?\.\s)", lambda m: f"{m.group(1) or ''}{new}{m.group(2)}", text, count=1
+    )
 
 
 def _counted(report: Report, path: str, old: str, new: str) -> str:
@@ -268,7 +274,7 @@ def _diff(old: str, new: str) -> tuple[str, str]:
     while j < min(len(old), len(new)) - i and old[-1 - j] == new[-1 - j]:
         j += 1
     a, b = max(0, i - 20), 20
-    return old[a: len(old) - max(0, j - b)], new[a: len(new) - max(0, j - b)]
+    return old[a : len(old) - max(0, j - b)], new[a : len(new) - max(0, j - b)]
 
 
 # --------------------------------------------------------------------------- files
@@ -289,8 +295,9 @@ def rewrite_notebook(text: str, plan: Plan, path: str, report: Report, number: i
         if cell.cell_type == "markdown" and first_heading and source.lstrip().startswith("# "):
             first_heading = False
             if number is not None and number in plan.numbers:
-                source = _counted(report, path, source,
-                                  rewrite_title(source, number, plan.numbers[number]))
+                source = _counted(
+                    report, path, source, rewrite_title(source, number, plan.numbers[number])
+                )
         cell.source = fix(source, f"cell {i}")
         if cell.cell_type == "markdown":
             for a, b in zip(source.split("\n"), cell.source.split("\n")):
@@ -316,12 +323,19 @@ _PO_STRING = re.compile(r'^(msgid |msgstr |msgctxt |msgid_plural |msgstr\[\d+\] 
 
 
 def _po_unescape(s: str) -> str:
-    return re.sub(r'\\(.)', lambda m: {"n": "\n", "t": "\t", "r": "\r"}.get(m.group(1), m.group(1)), s)
+    return re.sub(
+        r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": "\r"}.get(m.group(1), m.group(1)), s
+    )
 
 
 def _po_escape(s: str) -> str:
-    return (s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-            .replace("\t", "\\t").replace("\r", "\\r"))
+    return (
+        s.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\t", "\\t")
+        .replace("\r", "\\r")
+    )
 
 
 def rewrite_catalog(text: str, plan: Plan, path: str, report: Report, number: int | None) -> str:
@@ -337,8 +351,12 @@ def rewrite_catalog(text: str, plan: Plan, path: str, report: Report, number: in
             continue
         prefix, body = m.group(1) or "", _po_unescape(m.group(2))
         new = body
-        if prefix in ("msgid ", "msgstr ") and number is not None and title_lines < 2 \
-                and number in plan.numbers:
+        if (
+            prefix in ("msgid ", "msgstr ")
+            and number is not None
+            and title_lines < 2
+            and number in plan.numbers
+        ):
             title_lines += 1
             new = rewrite_title(new, number, plan.numbers[number])
         new = rewrite_prose(new, plan, path, report)
@@ -353,23 +371,40 @@ def tracked_files(root: Path) -> list[str]:
     """The repository's text files to look at (git's list when there is one)."""
     try:
         # Tracked files and new ones not yet added (a chapter being written), not ignored ones.
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                                cwd=root, capture_output=True, text=True,
-                                check=True).stdout.split("\n")
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         names = [n for n in listed if n and (root / n).is_file()]
     except (subprocess.CalledProcessError, FileNotFoundError):
-        names = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                 and not any(part.startswith((".", "_build")) or part.endswith(".egg-info")
-                             for part in p.relative_to(root).parts)]
-    return sorted(n for n in names if n not in SKIP and (
-        Path(n).suffix in TEXT_SUFFIXES or Path(n).name in TEXT_NAMES))
+        names = [
+            str(p.relative_to(root))
+            for p in root.rglob("*")
+            if p.is_file()
+            and not any(
+                part.startswith((".", "_build")) or part.endswith(".egg-info")
+                for part in p.relative_to(root).parts
+            )
+        ]
+    return sorted(
+        n
+        for n in names
+        if n not in SKIP and (Path(n).suffix in TEXT_SUFFIXES or Path(n).name in TEXT_NAMES)
+    )
 
 
 def rewrite_file(root: Path, name: str, plan: Plan, report: Report) -> str | None:
     """The new text of ``name``, or None if nothing changes."""
     text = (root / name).read_text(encoding="utf-8")
     stem = Path(name).stem
-    number = int(stem[:2]) if _CHAPTER_FILE.match(stem) and name.startswith(("book/", str(CATALOGS))) else None
+    number = (
+        int(stem[:2])
+        if _CHAPTER_FILE.match(stem) and name.startswith(("book/", str(CATALOGS)))
+        else None
+    )
     if name.endswith(".ipynb"):
         new = rewrite_notebook(text, plan, name, report, number)
         if new.rstrip("\n") == text.rstrip("\n"):
@@ -393,7 +428,11 @@ def rewrite_file(root: Path, name: str, plan: Plan, report: Report) -> str | Non
 
 def _line_diffs(old: str, new: str) -> list[tuple[str, str]]:
     a, b = old.split("\n"), new.split("\n")
-    return [_diff(x, y) for x, y in zip(a, b) if x != y] if len(a) == len(b) else [(old[:60], new[:60])]
+    return (
+        [_diff(x, y) for x, y in zip(a, b) if x != y]
+        if len(a) == len(b)
+        else [(old[:60], new[:60])]
+    )
 
 
 # --------------------------------------------------------------------------- toc, redirects
@@ -427,8 +466,10 @@ def toc_with_slot(toc: str, plan: Plan, current: dict[int, str]) -> str:
         at = index(after)
         indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
     else:
-        raise SystemExit(f"--part {plan.part!r}: neither chapter {plan.inserted - 1} nor "
-                         f"{plan.inserted} is in that part of _toc.yml")
+        raise SystemExit(
+            f"--part {plan.part!r}: neither chapter {plan.inserted - 1} nor "
+            f"{plan.inserted} is in that part of _toc.yml"
+        )
     lines.insert(at, f"{indent}- file: {entry}")
     return "\n".join(lines)
 
@@ -465,11 +506,15 @@ def skeleton(number: int, title: str, slug: str) -> str:
         nbformat.v4.new_markdown_cell(f"# {number}. {title}\n\nThis chapter is being written."),
         nbformat.v4.new_markdown_cell("## Summary\n\nTo be written."),
         nbformat.v4.new_markdown_cell(f"## Exercises\n\n{exercises}\n\n1. To be written."),
-        nbformat.v4.new_code_cell("# The solution of exercise 1, which checks itself.\nassert True", metadata={"tags": ["hide-input", "hide-output"]}),
+        nbformat.v4.new_code_cell(
+            "# The solution of exercise 1, which checks itself.\nassert True",
+            metadata={"tags": ["hide-input", "hide-output"]},
+        ),
         nbformat.v4.new_markdown_cell("## See also\n\nTo be written."),
     ]
-    nb = nbformat.v4.new_notebook(cells=cells, metadata=nbformat.read(
-        ROOT / "book" / "01_qkv.ipynb", as_version=4).metadata)
+    nb = nbformat.v4.new_notebook(
+        cells=cells, metadata=nbformat.read(ROOT / "book" / "01_qkv.ipynb", as_version=4).metadata
+    )
     # Stored as run (the hygiene test): neither code cell prints anything.
     for count, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), start=1):
         cell.execution_count = count
@@ -509,9 +554,13 @@ def what_to_write(plan: Plan) -> str:
 
 
 def _move(root: Path, src: str, dst: str, use_git: bool) -> None:
-    tracked = use_git and subprocess.run(
-        ["git", "ls-files", "--error-unmatch", src], cwd=root, capture_output=True, check=False
-    ).returncode == 0
+    tracked = (
+        use_git
+        and subprocess.run(
+            ["git", "ls-files", "--error-unmatch", src], cwd=root, capture_output=True, check=False
+        ).returncode
+        == 0
+    )
     if (root / dst).exists():
         raise SystemExit(f"{dst} exists already")
     if tracked:
@@ -553,8 +602,13 @@ def apply(root: Path, plan: Plan, dry_run: bool, make_skeleton: bool = False) ->
     redirects_path.write_text(json.dumps(redirects, indent=2, ensure_ascii=False) + "\n")
     if plan.inserted is not None and make_skeleton:
         (root / "book" / f"{plan.new_stem}.ipynb").write_text(
-            skeleton(plan.inserted, plan.title or plan.new_stem[3:].replace("_", " ").capitalize(),
-                     plan.new_stem[3:]), encoding="utf-8")
+            skeleton(
+                plan.inserted,
+                plan.title or plan.new_stem[3:].replace("_", " ").capitalize(),
+                plan.new_stem[3:],
+            ),
+            encoding="utf-8",
+        )
     return report
 
 
@@ -566,7 +620,9 @@ def print_report(report: Report, plan: Plan, dry_run: bool, verbose: bool = True
         for change in report.changes:
             print(change)
     mentions = sum(report.files.values())
-    print(f"\n{len(report.moves)} files {say} move; {mentions} changes in {len(report.files)} files")
+    print(
+        f"\n{len(report.moves)} files {say} move; {mentions} changes in {len(report.files)} files"
+    )
     for name, count in sorted(report.files.items()):
         print(f"  {count:4d}  {name}")
     if report.review:
@@ -574,8 +630,10 @@ def print_report(report: Report, plan: Plan, dry_run: bool, verbose: bool = True
         for item in report.review:
             print(f"  {item}")
     if plan.stems:
-        print("\nredirects (book/redirects.json): " + ", ".join(
-            f"book/{a} -> book/{b}" for a, b in sorted(plan.stems.items())))
+        print(
+            "\nredirects (book/redirects.json): "
+            + ", ".join(f"book/{a} -> book/{b}" for a, b in sorted(plan.stems.items()))
+        )
     if plan.inserted is not None:
         print("\n" + what_to_write(plan))
 
@@ -588,8 +646,11 @@ def main(argv: list[str] | None = None) -> int:
     ins.add_argument("slug")
     ins.add_argument("--title")
     ins.add_argument("--part", help="the _toc.yml part caption (or part of it) of the new chapter")
-    ins.add_argument("--skeleton", action="store_true",
-                     help="also write a stub notebook, its _toc.yml entry and intro row")
+    ins.add_argument(
+        "--skeleton",
+        action="store_true",
+        help="also write a stub notebook, its _toc.yml entry and intro row",
+    )
     ren = sub.add_parser("rename", help="rename a chapter's file (same number)")
     ren.add_argument("old")
     ren.add_argument("new")

@@ -26,9 +26,15 @@ import renumber
 from renumber import Plan, Report, rewrite_catalog, rewrite_prose, rewrite_title
 
 STEMS = {
-    7: "07_learned_attention", 8: "08_attention_that_writes", 9: "09_modern_attention",
-    10: "10_efficient_attention", 11: "11_serving_attention", 12: "12_attention_across_machines",
-    13: "13_where_attention_goes", 14: "14_long_contexts", 15: "15_latent_and_sparse_attention",
+    7: "07_learned_attention",
+    8: "08_attention_that_writes",
+    9: "09_modern_attention",
+    10: "10_efficient_attention",
+    11: "11_serving_attention",
+    12: "12_attention_across_machines",
+    13: "13_where_attention_goes",
+    14: "14_long_contexts",
+    15: "15_latent_and_sparse_attention",
     16: "16_attention_without_softmax",
 }
 
@@ -57,22 +63,34 @@ def rewrite(text: str, number: int = 8, report: Report | None = None) -> str:
         ("Part II (chapters 7–9)", "Part II (chapters 7–10)"),
         ("chapters 13, 14 and 16", "chapters 14, 15 and 17"),
         ("chapters 7–10, 13, 14 and 16", "chapters 7–11, 14, 15 and 17"),
-        ("the decoder of [chapter\n8](08_attention_that_writes.ipynb)",
-         "the decoder of [chapter\n9](09_attention_that_writes.ipynb)"),
-        ("[Chapter 9](09_modern_attention.ipynb#rope-rotates)",
-         "[Chapter 10](10_modern_attention.ipynb#rope-rotates)"),
+        (
+            "the decoder of [chapter\n8](08_attention_that_writes.ipynb)",
+            "the decoder of [chapter\n9](09_attention_that_writes.ipynb)",
+        ),
+        (
+            "[Chapter 9](09_modern_attention.ipynb#rope-rotates)",
+            "[Chapter 10](10_modern_attention.ipynb#rope-rotates)",
+        ),
         ("book/09_modern_attention.html#x", "book/10_modern_attention.html#x"),
         ('"book/16_attention_without_softmax.ipynb"', '"book/17_attention_without_softmax.ipynb"'),
         ("09_modern_attention: 8,192: Llama 3", "10_modern_attention: 8,192: Llama 3"),
-        ("| [9. Attention in today's LLMs](09_modern_attention.ipynb) |",
-         "| [10. Attention in today's LLMs](10_modern_attention.ipynb) |"),
-        ("[7\\. 学到了东西的注意力](07_learned_attention.ipynb)",
-         "[7\\. 学到了东西的注意力](07_learned_attention.ipynb)"),
+        (
+            "| [9. Attention in today's LLMs](09_modern_attention.ipynb) |",
+            "| [10. Attention in today's LLMs](10_modern_attention.ipynb) |",
+        ),
+        (
+            "[7\\. 学到了东西的注意力](07_learned_attention.ipynb)",
+            "[7\\. 学到了东西的注意力](07_learned_attention.ipynb)",
+        ),
         ("# the blocks *are* chapter 8's encoder", "# the blocks *are* chapter 9's encoder"),
-        ("Explained in chapter 9, *Modern attention*; also in chapters 10 and 11.",
-         "Explained in chapter 10, *Modern attention*; also in chapters 11 and 12."),
-        ("(chapters 10–12): tiled attention; 11 serving (ragged); 12 attention across",
-         "(chapters 11–13): tiled attention; 12 serving (ragged); 13 attention across"),
+        (
+            "Explained in chapter 9, *Modern attention*; also in chapters 10 and 11.",
+            "Explained in chapter 10, *Modern attention*; also in chapters 11 and 12.",
+        ),
+        (
+            "(chapters 10–12): tiled attention; 11 serving (ragged); 12 attention across",
+            "(chapters 11–13): tiled attention; 12 serving (ragged); 13 attention across",
+        ),
         ("(chapters 1–6): a; 9 heads: 10 layers", "(chapters 1–6): a; 9 heads: 10 layers"),
         # Chinese
         ("见第 9 章。", "见第 10 章。"),
@@ -124,7 +142,7 @@ def test_titles_in_notebooks_and_catalogs() -> None:
     assert rewrite_title("1. a numbered list", 9, 10) == "1. a numbered list"
 
 
-CATALOG = r'''# zh_CN translations
+CATALOG = r"""# zh_CN translations
 msgid ""
 msgstr ""
 "Project-Id-Version: Project name not set \n"
@@ -144,7 +162,7 @@ msgstr ""
 "$$\n"
 "x = 9\n"
 "$$"
-'''
+"""
 
 
 def test_catalog_msgid_and_msgstr_change_together() -> None:
@@ -158,8 +176,7 @@ def test_catalog_msgid_and_msgstr_change_together() -> None:
     got = {m.id: m.string for m in catalog if m.id}
     assert got == {
         "10. Attention in today's LLMs": "10\\. 当今大模型中的注意力",
-        '[Chapter 9](09_attention_that_writes.ipynb) built the "KV cache"; chapters 11–13 scale it.':
-            "[第 9 章](09_attention_that_writes.ipynb)构建了“KV 缓存”；第 11–13 章把它放大。",
+        '[Chapter 9](09_attention_that_writes.ipynb) built the "KV cache"; chapters 11–13 scale it.': "[第 9 章](09_attention_that_writes.ipynb)构建了“KV 缓存”；第 11–13 章把它放大。",
         "$$\nx = 9\n$$": "$$\nx = 9\n$$",
     }
     # Untouched lines keep their bytes (a catalog diff shows only the renumbering).
@@ -171,8 +188,10 @@ def test_redirects_follow_later_renames_and_drop_names_that_are_pages_again() ->
     assert first == {"book/08_a": "book/09_a", "book/09_b": "book/10_b"}
     second = renumber.updated_redirects(first, {"09_a": "10_a", "10_b": "11_b"})
     assert second == {
-        "book/08_a": "book/10_a", "book/09_a": "book/10_a",
-        "book/09_b": "book/11_b", "book/10_b": "book/11_b",
+        "book/08_a": "book/10_a",
+        "book/09_a": "book/10_a",
+        "book/09_b": "book/11_b",
+        "book/10_b": "book/11_b",
     }
     # Renaming back: the name is a page again, so it no longer redirects.
     assert "book/09_a" not in renumber.updated_redirects(second, {"10_a": "09_a"})
@@ -236,8 +255,9 @@ def inserted(tmp_path_factory: pytest.TempPathFactory) -> Inserted:
     """The committed book (HEAD: others' work in progress in the tree is not part of it),
     after ``insert 8 a_chapter_inserted_by_the_test --skeleton`` by this tree's tool."""
     copy = tmp_path_factory.mktemp("book")
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
     claims = {
         str(p.relative_to(copy)): [int(n) for n in CLAIM.findall(p.read_text(encoding="utf-8"))]
@@ -273,15 +293,24 @@ def test_insert_renumbers_titles_in_both_editions(inserted: Inserted) -> None:
 
 def test_insert_leaves_every_chapter_link_resolving(inserted: Inserted) -> None:
     copy = inserted.root
-    pages = [*(copy / "book").glob("*.ipynb"), *(copy / "book").glob("*.md"),
-             *(copy / "locale").rglob("*.po")]
+    pages = [
+        *(copy / "book").glob("*.ipynb"),
+        *(copy / "book").glob("*.md"),
+        *(copy / "locale").rglob("*.po"),
+    ]
     broken, wrong = [], []
     for page in pages:
         text = page.read_text(encoding="utf-8")
-        broken += [f"{page.name}: {s}" for s in LINK.findall(text)
-                   if not (copy / "book" / f"{s}.ipynb").exists()]
-        wrong += [f"{page.name}: {m.group(0)}" for m in NUMBERED_LINK.finditer(text)
-                  if int(m.group(1)) != int(m.group(2))]
+        broken += [
+            f"{page.name}: {s}"
+            for s in LINK.findall(text)
+            if not (copy / "book" / f"{s}.ipynb").exists()
+        ]
+        wrong += [
+            f"{page.name}: {m.group(0)}"
+            for m in NUMBERED_LINK.finditer(text)
+            if int(m.group(1)) != int(m.group(2))
+        ]
     assert broken == [] and wrong == []
 
 

@@ -15,8 +15,13 @@ import pytest
 from bookpages import BOOK_DIR, HTML_DIR, PAGES, Tab
 
 REDIRECTS = json.loads((BOOK_DIR / "book" / "redirects.json").read_text(encoding="utf-8"))
-CASES = sorted(REDIRECTS.items()) or [pytest.param(None, None, marks=pytest.mark.skip(
-    reason="book/redirects.json is empty: no page has been renamed"))]
+CASES = sorted(REDIRECTS.items()) or [
+    pytest.param(
+        None,
+        None,
+        marks=pytest.mark.skip(reason="book/redirects.json is empty: no page has been renamed"),
+    )
+]
 
 
 @pytest.mark.parametrize("old, new", CASES)
