@@ -5,7 +5,6 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-NBVAL  := --nbval --nbval-sanitize-with tests/book/nbval_sanitize.cfg -p no:cacheprovider
 
 .PHONY: book test unit booktests nbval nbval-portable build-strict browser lab execute catalogs clean pdf
 
@@ -32,8 +31,10 @@ unit: $(STAMP)
 booktests: $(STAMP)
 	$(PY) -m pytest tests/book -p no:cacheprovider -q
 
+## make nbval: every notebook re-run and compared with its stored outputs, on this CPU as
+## it is (its kernels, its threads), two notebooks at a time (tools/nbval_portable.py)
 nbval: $(STAMP)
-	$(PY) -m pytest book $(NBVAL) -q
+	$(PY) tools/nbval_portable.py --native
 
 ## make nbval-portable: nbval as a reader's other CPU runs it (another kernel dispatch,
 ## one thread): every printed number must be the same there (tools/nbval_portable.py)

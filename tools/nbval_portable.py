@@ -5,6 +5,7 @@ Usage (from the repository root, inside the repository's virtual environment)::
 
     python tools/nbval_portable.py                        # `make nbval-portable`
     python tools/nbval_portable.py book/15_latent_and_sparse_attention.ipynb
+    python tools/nbval_portable.py --native               # `make nbval`
 
 The notebooks were executed on one machine; a reader re-runs them on another, whose
 CPU picks other SIMD kernels (PyTorch's ``ATEN_CPU_CAPABILITY``: ``default``, ``avx2``,
@@ -14,6 +15,10 @@ for that other machine: every notebook runs with ``OMP_NUM_THREADS=1`` under
 ``ATEN_CPU_CAPABILITY=default`` and, where the CPU has AVX-512, under ``avx2`` too.
 Notebooks run as separate pytest processes, two at a time (each has one thread), later
 chapters (the longer runs) first; the closing line counts the cells: ``N passed, N failed``.
+
+``--native`` is plain nbval, as this machine runs it: its own kernel dispatch and
+PyTorch's default number of threads, nothing in the environment changed, only two
+notebooks at a time (one notebook keeps about one core busy: its tensors are small).
 """
 
 from __future__ import annotations
@@ -43,13 +48,13 @@ def dispatches(cpuinfo: str) -> list[str]:
     return ["default", "avx2"] if "avx512f" in flags else ["default"]
 
 
+NATIVE = "native"  # this CPU's own dispatch and threads: the environment as it is
+
+
 def run(path: Path, capability: str) -> tuple[Path, str, int, int, float, str]:
-    env = dict(
-        os.environ,
-        ATEN_CPU_CAPABILITY=capability,
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-    )
+    env = dict(os.environ)
+    if capability != NATIVE:
+        env.update(ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(path.relative_to(ROOT)), *NBVAL],
@@ -75,9 +80,11 @@ def run(path: Path, capability: str) -> tuple[Path, str, int, int, float, str]:
 
 
 def main(argv: list[str]) -> int:
+    native = "--native" in argv
+    argv = [a for a in argv if a != "--native"]
     paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "book").glob("*.ipynb"))
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    jobs = [(p, c) for c in dispatches(cpuinfo) for p in paths]
+    jobs = [(p, c) for c in ([NATIVE] if native else dispatches(cpuinfo)) for p in paths]
     # Later chapters first: they train and run the longest, so the two workers end
     # together on the short early chapters.
     jobs.sort(key=lambda job: job[0].name, reverse=True)
@@ -89,14 +96,14 @@ def main(argv: list[str]) -> int:
             total_failed += failed
             status = "ok" if failed == 0 else "FAILED"
             name = path.relative_to(ROOT)
+            how = "this CPU's dispatch and threads" if cap == NATIVE else f"{cap}, 1 thread"
             print(
-                f"{name} [{cap}, 1 thread]: {passed} passed, {failed} failed "
-                f"in {elapsed:.0f} s: {status}",
+                f"{name} [{how}]: {passed} passed, {failed} failed in {elapsed:.0f} s: {status}",
                 flush=True,
             )
             if failed:
                 print(log)
-    print(f"nbval-portable: {time.perf_counter() - start:.0f} s")
+    print(f"nbval{'' if native else '-portable'}: {time.perf_counter() - start:.0f} s")
     print(f"{total_passed} passed, {total_failed} failed")
     return 1 if total_failed else 0
 
