@@ -185,7 +185,7 @@ def text_encoder_from_hf(model: nn.Module, encoder_class: type[nn.Module]) -> Te
     """Copy a 🤗 transformers ``BertModel`` into the book's modules: what
     :meth:`Encoder.from_hf <attention_lib.Encoder.from_hf>` does, with
     ``encoder_class`` the :class:`~attention_lib.Encoder` (this module does
-    not import :mod:`attention_lib.encoder`, which imports it).
+    not import ``attention_lib.encoder``, which imports it).
 
     The embeddings (words, positions, token types, their ``LayerNorm``) are
     copied; each ``BertLayer`` becomes a post-LN GELU
