@@ -28,6 +28,9 @@ def resolve(dotted: str) -> Any:
             obj = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
+        if 1 < i == len(parts):  # a package attribute shadows its submodule (paged_attention)
+            shadow = getattr(importlib.import_module(".".join(parts[: i - 1])), parts[i - 1])
+            obj = obj if inspect.ismodule(shadow) else shadow
         for name in parts[i:]:
             owner = obj
             obj = getattr(owner, name)
