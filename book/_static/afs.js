@@ -322,3 +322,16 @@ document.addEventListener("DOMContentLoaded", () => {
     summary.setAttribute("aria-label", zh ? `${page}：展开或收起子页面` : `Pages under ${page}`);
   }
 });
+
+// A wide table (attention_lib.show.table) scrolls sideways in its box on a phone: the box
+// takes the keyboard focus, so that it scrolls without a mouse (axe-core's
+// scrollable-region-focusable), and is named by the table's caption.
+document.addEventListener("DOMContentLoaded", () => {
+  for (const box of document.querySelectorAll("div.afs-table")) {
+    if (box.hasAttribute("tabindex")) continue;
+    box.tabIndex = 0;
+    box.setAttribute("role", "region");
+    const caption = box.querySelector("caption");
+    if (caption) box.setAttribute("aria-label", caption.textContent.trim());
+  }
+});
