@@ -40,7 +40,7 @@ __all__ += [
     "use_book_style",
 ]
 
-# --- efficient attention: online softmax and tiled attention (chapter 10)
+# --- efficient attention: online softmax and tiled attention (chapter 11)
 from .tiled import (
     OnlineSoftmaxState,
     online_softmax,
@@ -50,7 +50,7 @@ from .tiled import (
 
 __all__ += ["OnlineSoftmaxState", "online_softmax", "online_softmax_update", "tiled_attention"]
 
-# --- counting tensor memory (chapter 10)
+# --- counting tensor memory (chapter 11)
 from .memory import TensorMemory
 
 __all__ += ["TensorMemory"]
@@ -92,7 +92,7 @@ __all__ += [
     "train_token_classifier",
 ]
 
-# --- a causal language model, its KV cache and generation (chapter 8)
+# --- a causal language model, its KV cache and generation (chapter 9)
 from .causal_lm import CausalLM
 from .generation import generate
 from .induction import (
@@ -112,7 +112,7 @@ __all__ += [
     "predictable_positions",
 ]
 
-# --- attention in today's LLMs: RoPE, GQA/MQA, KV-cache memory (chapter 9)
+# --- attention in today's LLMs: RoPE, GQA/MQA, KV-cache memory (chapter 10)
 from .kv_memory import PUBLISHED_SHAPES, ModelShape, kv_cache_bytes, kv_cache_table
 from .rope import apply_rope, rope_frequencies, rope_permutation
 
@@ -126,7 +126,7 @@ __all__ += [
     "rope_permutation",
 ]
 
-# --- serving attention: paged KV cache, continuous batching (chapter 11)
+# --- serving attention: paged KV cache, continuous batching (chapter 12)
 from .paged_attention import paged_attention
 from .paged_cache import PagedBatch, PagedKVCache, PagedLayer, PagedPack, PagedPackLayer
 from .serving import Engine, Latency, Request
@@ -143,7 +143,7 @@ __all__ += [
     "paged_attention",
 ]
 
-# --- attention across machines: ring attention and Ulysses (chapter 12)
+# --- attention across machines: ring attention and Ulysses (chapter 13)
 from .distributed import (
     CommStats,
     allgather_attention,
@@ -164,19 +164,19 @@ __all__ += [
     "zigzag_split",
 ]
 
-# --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 14)
+# --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 15)
 from .convert import layer_options_from_hf
 from .kv_cache import ChunkKVCache
 
 __all__ += ["ChunkKVCache", "layer_options_from_hf"]
 
-# --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 15)
+# --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 16)
 from .dsa import lightning_indexer, top_k_keys
 from .mla import LatentKVCache, MultiHeadLatentAttention
 
 __all__ += ["LatentKVCache", "MultiHeadLatentAttention", "lightning_indexer", "top_k_keys"]
 
-# --- attention without softmax: linear attention, the delta rule, hybrids (chapter 16)
+# --- attention without softmax: linear attention, the delta rule, hybrids (chapter 17)
 from .gated_deltanet import GatedDeltaNet, LayerStateCache
 from .linear_attention import gated_delta_rule, linear_attention
 

@@ -18,10 +18,10 @@ window) to combine with ``keep``, and ``output (B, H, Lq, d_k)``.
 * ``"torch"``: PyTorch's fused ``F.scaled_dot_product_attention`` (fast;
   chapter 6);
 * ``"tiled"``: :func:`~attention_lib.tiled.tiled_attention`, tiled attention with an
-  online softmax (chapter 10); its option ``block_size`` comes from
+  online softmax (chapter 11); its option ``block_size`` comes from
   ``MultiHeadAttention(..., block_size=...)``.
 
-Explained in chapter 6, *Multi-head attention*, and chapter 10, *Efficient attention*.
+Explained in chapter 6, *Multi-head attention*, and chapter 11, *Efficient attention*.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def torch_backend(
 
 
 def tiled_backend(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, **kwargs) -> Tensor:
-    """The ``"tiled"`` backend: :func:`~attention_lib.tiled.tiled_core` (chapter 10).
+    """The ``"tiled"`` backend: :func:`~attention_lib.tiled.tiled_core` (chapter 11).
 
     With grouped heads, the ``G`` query heads of each group are attended one
     after the other against their shared key/value heads, so K and V are

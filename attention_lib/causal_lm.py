@@ -11,11 +11,11 @@ positions of the sequence, after the cached ones: their queries attend to the
 cached keys and to their own, under chapter 5's bottom-right causal alignment
 (``tril(diagonal=Lk - Lq)``), and their positions continue where the cache ends.
 
-Chapter 9 adds the options of today's LLMs: rotary position embeddings
+Chapter 10 adds the options of today's LLMs: rotary position embeddings
 (``positional="rope"``), grouped-query attention (``num_kv_heads``) and a
 sliding window (``window``, with a rolling :class:`~attention_lib.KVCache`).
 
-Explained in chapter 8, *Attention that writes*.
+Explained in chapter 9, *Attention that writes*.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class CausalLM(DecoderConverters, nn.Module):
     causal mask (a decoder-only block *is* an encoder block that may not look
     ahead), followed by a final ``LayerNorm`` and a linear head.
 
-    Explained in chapter 8, *Attention that writes*; layer types, chunks and
-    NoPE layers in chapter 14, *Long contexts*. :meth:`from_hf` builds one
+    Explained in chapter 9, *Attention that writes*; layer types, chunks and
+    NoPE layers in chapter 15, *Long contexts*. :meth:`from_hf` builds one
     from a 🤗 transformers decoder (Llama 3, Qwen3, Gemma 3, SmolLM3).
 
     Args:
@@ -70,22 +70,22 @@ class CausalLM(DecoderConverters, nn.Module):
         positional: ``"learned"`` (an ``nn.Embedding(max_len, d_model)`` added
             to the token embeddings), ``"sinusoidal"`` (chapter 7's fixed
             encodings), ``"rope"`` (rotary position embeddings in every
-            attention layer, chapter 9; nothing is added to the embeddings)
+            attention layer, chapter 10; nothing is added to the embeddings)
             or ``None`` (no positions).
         backend: attention backend of every layer (see
             :class:`~attention_lib.MultiHeadAttention`).
         num_kv_heads: key/value heads per layer (grouped-query attention,
-            chapter 9): the KV cache shrinks by ``num_heads / num_kv_heads``.
+            chapter 10): the KV cache shrinks by ``num_heads / num_kv_heads``.
             ``None`` means ``num_heads``.
         rope_base: the RoPE base with ``positional="rope"``.
-        window: sliding-window attention (chapter 9): position ``i`` sees the
+        window: sliding-window attention (chapter 10): position ``i`` sees the
             tokens ``i - window < j <= i`` only; generation then keeps a rolling
             cache of ``window`` tokens. ``None`` for plain causal attention.
         layer_types: one name per layer, ``"full"``, ``"sliding"`` (with
             ``window``), ``"chunked"`` (with ``chunk_size``), ``"linear"``
-            (Gated DeltaNet, a fixed-size state; chapter 16), or another name
+            (Gated DeltaNet, a fixed-size state; chapter 17), or another name
             of :data:`~attention_lib.layer_types.LAYER_TYPES` (Gemma 2 and 3's
-            local and global layers, Llama 4's chunks; chapter 14).
+            local and global layers, Llama 4's chunks; chapter 15).
             Each layer then keeps its own cache, only what it
             can see. ``None`` (default): every layer alike, ``window`` in all.
         chunk_size: the chunk of the ``"chunked"`` layers.
@@ -103,7 +103,7 @@ class CausalLM(DecoderConverters, nn.Module):
         head_bias: whether the head has a bias (today's LLMs have none).
         **attention: further options of every layer's
             :class:`~attention_lib.MultiHeadAttention`: ``qk_norm``,
-            ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
+            ``softcap``, ``sink`` and ``gate`` (chapter 14), ...
 
     Shapes:
         - tokens: ``(B, L)`` integer ids; with a cache of ``T`` tokens,
@@ -219,11 +219,11 @@ class CausalLM(DecoderConverters, nn.Module):
             mask: a padding keep-mask ``(B, P + L)`` over every token so far
                 (the ``P = cache.position`` seen before, then ``tokens``):
                 ``True``/1 = a real token, ``False``/0 = padding that no query
-                attends to (left padding of a ragged batch, chapter 11);
+                attends to (left padding of a ragged batch, chapter 12);
                 combined with the causal mask. ``None``: every token is real.
             positions: ``(B, L)`` or ``(L,)`` integer positions of ``tokens``,
                 e.g. each left-padded sequence counting from its own first
-                real token (chapter 11); ``None`` means ``P, P + 1, ...``.
+                real token (chapter 12); ``None`` means ``P, P + 1, ...``.
 
         Returns:
             ``logits`` ``(B, L, vocab_size)``, or ``(logits, weights)`` with
@@ -242,7 +242,7 @@ class CausalLM(DecoderConverters, nn.Module):
         length, limit = tokens.shape[1], self.max_len
         check_int("the length L of tokens (B, L)", length, minimum=1)
         check_bool("need_weights", need_weights)
-        if past + length > limit:  # chapter 9 shows this error
+        if past + length > limit:  # chapter 10 shows this error
             raise ValueError(f"{past} cached + {length} new tokens is longer than max_len={limit}")
         if positions is None:
             positions = torch.arange(past, past + length, device=tokens.device)  # (L,)
@@ -288,7 +288,7 @@ class CausalLM(DecoderConverters, nn.Module):
         layers, a rolling window that is too small, or sink tokens with a
         windowed model: they would make its window's positions wrong; a model
         without a window reads a cache with ``sink_tokens`` as StreamingLLM
-        does, chapter 13); return the number of
+        does, chapter 14); return the number of
         tokens it has seen. Each layer's attention checks that its own cache
         holds the right batch, heads, width and dtype. With ``batch``, every
         layer's cache is checked against it here, once per call (the layers then

@@ -222,11 +222,11 @@ class EncoderLayer(nn.Module):
         **attention: keyword options of the self-attention, a
             :class:`~attention_lib.MultiHeadAttention`: ``backend`` (whatever
             it is, ``need_weights=True`` computes with the lib backend),
-            ``num_kv_heads``, ``rope_base`` and ``window`` (chapter 9),
-            ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 13), ...
+            ``num_kv_heads``, ``rope_base`` and ``window`` (chapter 10),
+            ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 14), ...
         layer_type: a name of :data:`~attention_lib.layer_types.LAYER_TYPES`
             (``"full"``, ``"sliding"``, ``"chunked"``, ...): its ``make_mixer``
-            builds the token mixer from these options (chapter 14);
+            builds the token mixer from these options (chapter 15);
             ``None`` (default) for a ``MultiHeadAttention``.
         block: what the layer's norms and MLP are, a
             :class:`~attention_lib.BlockSpec` (RMSNorm, gated MLPs,
@@ -279,7 +279,7 @@ class EncoderLayer(nn.Module):
         self._table = LAYER_TYPES if layer_table is None else layer_table
         if layer_type is None:
             self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, **attention)
-        else:  # the token mixer of this layer type (a table, chapter 14)
+        else:  # the token mixer of this layer type (a table, chapter 15)
             if isinstance(layer_type, str):
                 layer_type = LayerSpec(layer_type)
             check_instance("layer_type", layer_type, LayerSpec, "a str, a LayerSpec or None")
@@ -317,7 +317,7 @@ class EncoderLayer(nn.Module):
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`).
             need_weights: also return the self-attention weights.
             kv_cache: the self-attention's cache of ``T`` earlier keys and
-                values (chapter 8); the keys then count them too.
+                values (chapter 9); the keys then count them too.
             positions: the RoPE positions of the tokens, if the layer has RoPE.
 
         Returns:
@@ -350,7 +350,7 @@ class EncoderLayer(nn.Module):
         of :mod:`attention_lib.protocols`), called through the module (so that
         its hooks see the call). A mixer without ``mix`` (a layer type of your
         own) is called as a self-attention, and checks itself. (The path of
-        chapter 8's :class:`~attention_lib.CausalLM`.)
+        chapter 9's :class:`~attention_lib.CausalLM`.)
         """
         h = self.norm1(x) if self.norm_placement == "pre" else x  # (B, L, d)
         mixer = self.self_attn
@@ -409,7 +409,7 @@ class Encoder(nn.Module):
         dropout: dropout probability (``train()`` only).
         layer_types: one name of :data:`~attention_lib.layer_types.LAYER_TYPES`
             per layer (``"full"``, ``"sliding"`` with ``window``, ``"chunked"``
-            with ``chunk_size``; chapter 14), or ``None``
+            with ``chunk_size``; chapter 15), or ``None``
             (default): every layer a ``MultiHeadAttention`` with the same options.
         nope_layers: indices of layers without RoPE (NoPE, Llama 4's global
             layers): their attention gets ``rope_base=None``.
@@ -524,7 +524,7 @@ class Encoder(nn.Module):
             need_weights: also return the attention weights of every layer.
             cache: a :class:`~attention_lib.KVCache`; layer ``i`` appends its
                 keys and values to ``cache.layer(i)`` and attends to all of them
-                (chapter 8).
+                (chapter 9).
             positions: the RoPE positions of the tokens (see
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`).
 
@@ -564,7 +564,7 @@ class Encoder(nn.Module):
         """:meth:`forward` on the unchecked path of a model: every layer's
         :meth:`EncoderLayer.mix` with the ``step`` prepared once.
 
-        Explained in chapter 8, *Attention that writes*.
+        Explained in chapter 9, *Attention that writes*.
         """
         all_weights = []
         for i, layer in enumerate(self.layers):

@@ -8,12 +8,12 @@ the ``top_k`` largest, and draws from their softmax.
 With ``use_cache=True`` the prompt runs through the model once and fills a
 :class:`~attention_lib.KVCache`; every later step feeds only the newest token.
 A model with a sliding window gets a rolling cache of ``window`` tokens
-(chapter 9).
+(chapter 10).
 Without it, every step runs the whole sequence again. Both give the same
 tokens; the cache makes a step cost ``O(T)`` instead of ``O(T^2)`` attention
 work and ``O(1)`` instead of ``O(T)`` projections and feed-forward work.
 
-**Ragged batches** (chapter 11): prompts of different lengths, given as a
+**Ragged batches** (chapter 12): prompts of different lengths, given as a
 list of 1-D tensors (or as a left-padded ``(B, T0)`` tensor with an
 ``attention_mask``), are *left*-padded into one batch, so that every
 sequence's newest token is in the last column. A padding keep-mask hides the
@@ -22,8 +22,8 @@ first real token, so under greedy decoding each sequence gets the tokens it
 would get alone. With ``eos_token_id`` a sequence stops at its end-of-sequence
 token, and generation stops when all have.
 
-Explained in chapter 8, *Attention that writes*; ragged batches and
-``eos_token_id`` in chapter 11, *Serving attention*.
+Explained in chapter 9, *Attention that writes*; ragged batches and
+``eos_token_id`` in chapter 12, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ def generate(
     tokens with and without the cache, and, in a ragged batch, the same tokens
     as generating each prompt alone.
 
-    Explained in chapter 8, *Attention that writes*; ragged batches
+    Explained in chapter 9, *Attention that writes*; ragged batches
     (``prompt`` as a list, ``attention_mask``) and ``eos_token_id`` in
-    chapter 11, *Serving attention*.
+    chapter 12, *Serving attention*.
 
     Args:
         model: a :class:`~attention_lib.CausalLM`.

@@ -10,7 +10,7 @@ that with an *induction head*: find the earlier occurrence of the current
 token and copy its successor. Because the period varies, no fixed offset
 finds it: the model must look at the content.
 
-Explained in chapter 8, *Attention that writes*.
+Explained in chapter 9, *Attention that writes*.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def make_induction_data(
     tokens; ``inputs`` are its first ``seq_len`` tokens and ``targets`` the
     ``seq_len`` tokens that follow each input position.
 
-    Explained in chapter 8, *Attention that writes*.
+    Explained in chapter 9, *Attention that writes*.
 
     Args:
         num_sequences: number of sequences ``N``.
@@ -83,7 +83,7 @@ def predictable_positions(periods: Tensor, seq_len: int) -> Tensor:
     """Which next tokens can be predicted: position ``i`` of sequence ``b`` iff
     ``i >= periods[b]`` (its token has occurred before, one period back).
 
-    Explained in chapter 8, *Attention that writes*.
+    Explained in chapter 9, *Attention that writes*.
 
     Args:
         periods: ``(N,)`` integer periods, as returned by :func:`make_induction_data`.
@@ -107,7 +107,7 @@ def predictable_accuracy(
 
     Runs the model in ``eval()`` mode and restores its mode afterwards.
 
-    Explained in chapter 8, *Attention that writes*.
+    Explained in chapter 9, *Attention that writes*.
 
     Args:
         model: maps ``(N, L)`` tokens to ``(N, L, V)`` logits.

@@ -12,14 +12,14 @@ Layout: one :class:`LayerKVCache` per attention layer, holding ``key`` and
 ``value`` tensors of shape ``(B, H_kv, T, d_k)`` (``H_kv`` is the number of
 key/value heads, equal to the number of heads in plain multi-head attention).
 
-A **rolling** cache (``KVCache(keep_last=w)``, chapter 9's ``KVCache(window=w)``
+A **rolling** cache (``KVCache(keep_last=w)``, chapter 10's ``KVCache(window=w)``
 under its older name) keeps only the keys and values of the last ``w`` tokens,
 so its size stops growing: a model with a sliding window of ``w`` never looks
 further back. ``window`` names one thing in this package, what a query of
 sliding-window attention sees (``MultiHeadAttention(window=...)``,
 :func:`~attention_lib.causal_mask`); what a cache keeps is ``keep_last``.
 
-Explained in chapter 8, *Attention that writes*.
+Explained in chapter 9, *Attention that writes*.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class _Rolling:
 
     @property
     def window(self) -> int | None:
-        """``keep_last`` under its older name (chapters 9 and 13 write
+        """``keep_last`` under its older name (chapters 10 and 14 write
         ``KVCache(window=w)``): the tokens a rolling cache keeps, not the
         window of sliding-window attention (what a query sees)."""
         return self.keep_last
@@ -72,18 +72,18 @@ class LayerKVCache(_Rolling):
     :class:`~attention_lib.MultiHeadAttention` calls :meth:`update` with the
     keys and values of the new positions and attends to what it returns.
 
-    Explained in chapter 8, *Attention that writes*.
+    Explained in chapter 9, *Attention that writes*.
 
     Args:
         keep_last: keep only the last ``keep_last`` positions (a rolling cache
-            for sliding-window attention, chapter 9); ``None`` keeps all. Not
+            for sliding-window attention, chapter 10); ``None`` keeps all. Not
             an attention window: a layer with a window of ``w`` (a query sees
             itself and ``w - 1`` keys before it) keeps ``keep_last=w``.
         sink_tokens: with ``keep_last``, also keep the first ``sink_tokens``
-            positions for ever (StreamingLLM, chapter 13): the cache holds the
+            positions for ever (StreamingLLM, chapter 14): the cache holds the
             sinks, then the last ``keep_last`` positions. ``None`` (default) for
             a plain rolling cache.
-        window: the older name of ``keep_last`` (chapters 9 and 13 use it).
+        window: the older name of ``keep_last`` (chapters 10 and 14 use it).
 
     Attributes:
         key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
@@ -207,7 +207,7 @@ class ChunkKVCache(LayerKVCache):
     more than ``chunk - 1`` positions, and the keys it holds always start a
     chunk (what :class:`~attention_lib.masks.Causal`'s ``chunk`` assumes).
 
-    Explained in chapter 14, *Long contexts*.
+    Explained in chapter 15, *Long contexts*.
 
     Args:
         chunk: the chunk length ``c >= 1``.
@@ -252,21 +252,21 @@ class KVCache(_Rolling):
     cache=cache)``) appends the keys and values of ``tokens`` to every layer; the
     next call only has to process the tokens that follow.
 
-    Explained in chapter 8, *Attention that writes*; ``sink_tokens``
-    (StreamingLLM) in chapter 13, *Where attention goes*.
+    Explained in chapter 9, *Attention that writes*; ``sink_tokens``
+    (StreamingLLM) in chapter 14, *Where attention goes*.
 
     Args:
         keep_last: keep only the last ``keep_last`` tokens in every layer (a
             rolling cache for a model with a sliding window of that many
-            tokens, chapter 9); ``None`` keeps all.
+            tokens, chapter 10); ``None`` keeps all.
         sink_tokens: with ``keep_last``, also keep the first ``sink_tokens``
-            tokens for ever (StreamingLLM, chapter 13); a model without a
+            tokens for ever (StreamingLLM, chapter 14); a model without a
             window then attends to the sinks and the last ``keep_last`` tokens.
-        window: the older name of ``keep_last`` (chapters 9 and 13 write
+        window: the older name of ``keep_last`` (chapters 10 and 14 write
             ``KVCache(window=w)``); not an attention window.
 
     A model whose layers see different spans (``CausalLM(layer_types=...)``,
-    chapter 14) makes each layer's cache itself: a
+    chapter 15) makes each layer's cache itself: a
     :class:`LayerKVCache` for a full layer, a rolling one for a sliding layer, a
     :class:`ChunkKVCache` for a chunked one (:mod:`attention_lib.layer_types`).
 

@@ -10,7 +10,7 @@ The shapes below are copied from the models' published ``config.json`` files
 (``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
 ``hidden_size / num_attention_heads``, ``sliding_window``).
 
-Explained in chapter 9, *Attention in today's LLMs*.
+Explained in chapter 10, *Attention in today's LLMs*.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .validation import check_int
 class ModelShape:
     """The attention shape of a decoder, as far as its KV cache is concerned.
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    Explained in chapter 10, *Attention in today's LLMs*.
 
     Attributes:
         name: the model's name.
@@ -96,7 +96,7 @@ def kv_cache_bytes(
     keeps only the last ``window`` tokens). The number of *query* heads does not
     appear: only K and V are cached.
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    Explained in chapter 10, *Attention in today's LLMs*.
 
     Args:
         num_layers: decoder layers.
@@ -137,7 +137,7 @@ def kv_cache_table(
 ) -> dict[str, list[float]]:
     """The KV-cache size of one sequence, in GB (10^9 bytes), per model and length.
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    Explained in chapter 10, *Attention in today's LLMs*.
 
     Args:
         seq_lens: sequence lengths (tokens), one column each.

@@ -8,7 +8,7 @@ largest total alive at any moment. It sees what PyTorch's operators allocate as
 results (and what autograd saves), not the private scratch space inside a fused
 kernel, and not memory that existed before the block.
 
-Explained in chapter 10, *Efficient attention*.
+Explained in chapter 11, *Efficient attention*.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class TensorMemory(TorchDispatchMode):
     every storage is counted once, however many tensors use it. Works under
     ``torch.no_grad()``/``torch.inference_mode()`` and through ``backward()``.
 
-    Explained in chapter 10, *Efficient attention*.
+    Explained in chapter 11, *Efficient attention*.
 
     Attributes:
         peak: the largest number of bytes alive at once since ``__enter__``.

@@ -48,8 +48,8 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
     no copy), the heads attend independently and their outputs are concatenated
     and mixed by ``W_o``.
 
-    Explained in chapter 6, *Multi-head attention*; backends also in chapter 10,
-    *Efficient attention*; QK-norm, soft-capping, sinks and gates in chapter 13,
+    Explained in chapter 6, *Multi-head attention*; backends also in chapter 11,
+    *Efficient attention*; QK-norm, soft-capping, sinks and gates in chapter 14,
     *Where attention goes*.
 
     **Mask semantics.** ``mask`` is a *keep-mask*, as in
@@ -66,11 +66,11 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
     (this package's :func:`~attention_lib.scaled_dot_product_attention`, the
     default), ``"torch"`` (PyTorch's fused ``F.scaled_dot_product_attention``:
     use it where you need speed, not weights) or ``"tiled"``
-    (:func:`~attention_lib.tiled.tiled_attention`, chapter 10, with ``block_size``).
+    (:func:`~attention_lib.tiled.tiled_attention`, chapter 11, with ``block_size``).
     A fused kernel cannot return the attention weights, so
     ``need_weights=True`` always uses the lib computation, whatever the backend.
 
-    **Grouped-query attention and RoPE** (chapter 9). With ``num_kv_heads``
+    **Grouped-query attention and RoPE** (chapter 10). With ``num_kv_heads``
     below ``num_heads``, ``W_k`` and ``W_v`` have only ``num_kv_heads * d_k``
     outputs, and query head ``h`` reads key/value head
     ``h // (num_heads // num_kv_heads)`` (grouped-query attention; ``1`` is
@@ -100,31 +100,31 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         rope_scaling: with ``rope_base``, a RoPE ``scaling`` dict in 🤗
             transformers' format (``"linear"``, ``"dynamic"``, ``"yarn"``,
             ``"llama3"``; see :func:`~attention_lib.rope_frequencies`; chapter
-            14). ``"dynamic"`` takes its length from each call's
+            15). ``"dynamic"`` takes its length from each call's
             positions and is refused with a ``kv_cache`` (cached keys were
             turned at other speeds). ``None`` (default) for plain RoPE.
         scale: multiplier of the scores, as ``F.scaled_dot_product_attention``'s
             ``scale``; ``None`` (default) means ``1 / sqrt(d_k)``.
         window: a causal sliding window (Mistral, Gemma 2's local layers): with
             ``is_causal=True`` a query sees only itself and the ``window - 1``
-            keys before it (chapter 9); the module then refuses calls without
+            keys before it (chapter 10); the module then refuses calls without
             ``is_causal``. ``None`` (default) for no window.
         chunk_size: chunked attention (Llama 4's local layers): with
             ``is_causal=True`` a query sees only the keys of its own chunk of
-            ``chunk_size`` positions (chapter 14); refuses
+            ``chunk_size`` positions (chapter 15); refuses
             calls without ``is_causal`` and a cache that does not start a chunk
             (use a :class:`~attention_lib.ChunkKVCache`). ``None`` for none.
         qk_norm: QK-norm (Qwen3, OLMo 2): an ``nn.RMSNorm`` over each head's
             width, with a learned weight, on the queries and on the keys,
-            before RoPE (chapter 13).
+            before RoPE (chapter 14).
         softcap: soft-capping (Gemma 2): scores become ``softcap *
-            tanh(scores / softcap)`` (chapter 13); ``backend="lib"`` only.
+            tanh(scores / softcap)`` (chapter 14); ``backend="lib"`` only.
         sink: one learned attention-sink logit per head (gpt-oss), a virtual
             key with a zero value that takes a share of every row's softmax
-            (chapter 13); ``backend="lib"`` only.
+            (chapter 14); ``backend="lib"`` only.
         gate: an output gate (Qwen3-Next): ``sigmoid(W_g x)``, from the
             layer's input ``query``, multiplies the heads' concatenated output
-            before ``W_o`` (chapter 13).
+            before ``W_o`` (chapter 14).
         head_dim: the width ``d_k`` of each head when it is not ``d_model //
             num_heads`` (Qwen3, Gemma 3): ``W_q`` then has ``num_heads *
             head_dim`` outputs and ``W_o`` as many inputs. ``None`` (default)
@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         )
         self.softcap = None if softcap is None else check_real("softcap", softcap, above=0)
         factory = {"device": device, "dtype": dtype}
-        # Where attention goes (chapter 13): one learned sink logit per head (gpt-oss).
+        # Where attention goes (chapter 14): one learned sink logit per head (gpt-oss).
         self.sink = (
             nn.Parameter(torch.zeros(num_heads, **factory)) if check_bool("sink", sink) else None
         )
@@ -302,8 +302,8 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         :class:`~attention_lib.masks.Causal` alignment, the RoPE positions) and
         passes them down to :meth:`attend`, which checks nothing.
 
-        Explained in chapter 6, *Multi-head attention*; the cache in chapter 8,
-        *Attention that writes*; RoPE, grouped heads and windows in chapter 9,
+        Explained in chapter 6, *Multi-head attention*; the cache in chapter 9,
+        *Attention that writes*; RoPE, grouped heads and windows in chapter 10,
         *Attention in today's LLMs*.
 
         Args:
@@ -325,7 +325,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
                 with the lib backend, whatever ``backend`` is).
             kv_cache: a :class:`~attention_lib.LayerKVCache`: the projected keys
                 and values are appended to it, and the queries attend to every
-                key it holds (chapter 8).
+                key it holds (chapter 9).
             positions: with ``rope_base``, the integer positions of the new
                 tokens, ``(Lq,)`` or ``(B, Lq)`` (self-attention, ``Lq == Lk``);
                 ``None`` means ``p, p + 1, ...`` after the ``p`` positions the
@@ -436,7 +436,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         protocol of :mod:`attention_lib.protocols`): the ``step`` the model
         prepared once (positions, RoPE tables, padding, causality), no checks.
 
-        Explained in chapter 8, *Attention that writes*.
+        Explained in chapter 9, *Attention that writes*.
         """
         past = 0 if cache is None else len(cache)
         keep = step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L) or None
@@ -470,7 +470,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         :class:`~attention_lib.ChunkKVCache` with ``chunk_size``, a rolling
         :class:`~attention_lib.LayerKVCache` with ``window``, else a full one.
 
-        Explained in chapter 14, *Long contexts*.
+        Explained in chapter 15, *Long contexts*.
         """
         if self.chunk_size is not None:
             return ChunkKVCache(self.chunk_size)
@@ -494,7 +494,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             q, k = self.q_norm(q), self.k_norm(k)
         if angles is not None:
             q, k = self._rotate(q, k, *angles)
-        in_place = getattr(kv_cache, "attend_in_place", None)  # paged, read in place (ch. 11)
+        in_place = getattr(kv_cache, "attend_in_place", None)  # paged, read in place (ch. 12)
         if kv_cache is not None and in_place is None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, T + Lk, d_k): cached keys first
         options = {

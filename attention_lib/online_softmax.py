@@ -12,7 +12,7 @@ recurrence over blocks of keys.
 The names are also importable from :mod:`attention_lib.tiled` and from
 ``attention_lib``.
 
-Explained in chapter 10, *Efficient attention*.
+Explained in chapter 11, *Efficient attention*.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _NEG_INF = float("-inf")
 class OnlineSoftmaxState(NamedTuple):
     """What the online softmax remembers about every query row between blocks.
 
-    Explained in chapter 10, *Efficient attention*.
+    Explained in chapter 11, *Efficient attention*.
 
     Attributes:
         row_max: ``(..., Lq, 1)`` running maximum ``m`` of the scores seen so far
@@ -106,7 +106,7 @@ def online_softmax_update(
 
         \mathrm{acc}' &= e^{m - m'} \mathrm{acc} + \sum_j e^{s_j - m'} v_j .
 
-    Explained in chapter 10, *Efficient attention*.
+    Explained in chapter 11, *Efficient attention*.
 
     Args:
         state: the state after the previous blocks (start with
@@ -164,7 +164,7 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 4) -> Tensor:
     second pass writes ``exp(x - m) / l``. The result equals ``torch.softmax``
     (also its ``NaN`` for a row that is ``-inf`` everywhere).
 
-    Explained in chapter 10, *Efficient attention*.
+    Explained in chapter 11, *Efficient attention*.
 
     The softmax it reproduces is the one of chapter 3.
 
@@ -226,7 +226,7 @@ def online_softmax_core(
     inplace: bool,
 ) -> OnlineSoftmaxState:
     """:func:`online_softmax_update` without the checks: the step of the tile
-    loops of :func:`~attention_lib.tiled.tiled_attention` (chapter 10), which
+    loops of :func:`~attention_lib.tiled.tiled_attention` (chapter 11), which
     run it thousands of times per call."""
     exp = torch.exp2 if base2 else torch.exp
     new_max, rescale, row_sum, weights = _fold_max_and_sum(

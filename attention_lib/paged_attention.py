@@ -7,7 +7,7 @@ in fixed-size blocks scattered over a pool. Gathering them into one dense
 every step: memory and traffic that grow with the tokens held.
 PagedAttention (Kwon et al., 2023), FlashInfer and FlashAttention's paged
 kernels instead *walk* the block table: they load a few blocks of keys at a
-time, fold their scores into chapter 10's online-softmax state (running
+time, fold their scores into chapter 11's online-softmax state (running
 maximum ``m``, running sum ``l``, running output ``acc``), and move on, so the
 extra memory is one tile of blocks, whatever the length of the sequences.
 
@@ -16,13 +16,13 @@ each tile it reads the next few blocks of every sequence's table from the
 pool, computes their scores against the sequence's
 queries, hides the keys each query may not see (later positions, keys outside
 a sliding window or outside the query's chunk, slots past the sequence's end)
-and merges the tile with ``online_softmax_core``, the merge of chapter 10's
+and merges the tile with ``online_softmax_core``, the merge of chapter 11's
 tiled attention (:func:`~attention_lib.tiled.online_softmax_update` without
 its checks: the engine validates once per step). Attention sinks (gpt-oss)
 are the state's starting point: ``m = sink``, ``l = 1``, ``acc = 0`` is a
 virtual key of logit ``sink`` and value zero.
 
-Explained in chapter 11, *Serving attention*.
+Explained in chapter 12, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def paged_attention(
     """Attention of every sequence's queries to its keys, read block by block
     from the pool through its block table (no gathered key/value tensor).
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
 
     Args:
         query: ``(S, H, Lq, d_k)`` queries of ``S`` sequences (rows of padding
@@ -135,7 +135,7 @@ def paged_attention_core(
     tile_blocks: int,
 ) -> Tensor:
     """:func:`paged_attention` without its checks: the walk that each
-    attention layer of chapter 11's engine runs at every step (the engine
+    attention layer of chapter 12's engine runs at every step (the engine
     validated its inputs once for the step)."""
     num_seqs, heads, q_len, _ = query.shape
     _, block_size, kv_heads, d_v = value_pool.shape

@@ -22,7 +22,7 @@ Attention reads the keys of a batch of sequences through their block tables
 sequence are gathered right-aligned, i.e. left-padded, with the padding mask
 and positions of a ragged batch.
 
-Explained in chapter 11, *Serving attention*.
+Explained in chapter 12, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class PagedKVCache:
     """A pool of ``num_blocks`` blocks of ``block_size`` tokens, for every layer,
     shared by the sequences it holds.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
 
     Args:
         num_blocks: blocks in the pool.
@@ -105,7 +105,7 @@ class PagedKVCache:
         """The pool for a :class:`~attention_lib.CausalLM`: its layers, key/value
         heads, head width, dtype and device. Every layer must be softmax
         attention (:class:`~attention_lib.MultiHeadAttention`: full, sliding
-        or chunked, with any of chapter 13's options) with the same heads.
+        or chunked, with any of chapter 14's options) with the same heads.
 
         Raises:
             ValueError: naming the layer type of a layer whose cache is not
@@ -361,7 +361,7 @@ class PagedBatch(KVCache):
     sequence before the step), i.e. left-padded like a ragged batch; pass
     :attr:`mask` and :attr:`positions` to the model with it.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
 
     Attributes:
         mask: ``(B, T + num_new)`` bool keep-mask, ``False`` on the padding.
@@ -408,7 +408,7 @@ class PagedLayer(LayerKVCache):
     """One layer of a :class:`PagedBatch`: the update protocol of
     :class:`~attention_lib.LayerKVCache` on the blocks of the pool.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
     """
 
     def __init__(self, batch: PagedBatch, index: int) -> None:
@@ -488,7 +488,7 @@ class PagedPack(KVCache):
     :meth:`PagedPackLayer.attend_in_place`): every sequence's queries read its
     own blocks, in place.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
 
     Attributes:
         positions: ``(1, N)`` position of each new token in its sequence.
@@ -546,7 +546,7 @@ class PagedPackLayer(PagedLayer):
     """One layer of a :class:`PagedPack`; :class:`~attention_lib.MultiHeadAttention`
     calls :meth:`attend_in_place` instead of ``update`` and attending.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
     """
 
     def __init__(self, pack: PagedPack, index: int) -> None:

@@ -28,7 +28,7 @@ a larger base, from the length of the sequence), ``"yarn"`` (fast pairs kept,
 slow pairs interpolated, a ramp between, and an *attention factor* that
 multiplies ``cos`` and ``sin``) and ``"llama3"`` (Llama 3.1's band-wise rule).
 
-Explained in chapter 9, *Attention in today's LLMs*; scaling in chapter 14,
+Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter 15,
 *Long contexts*.
 """
 
@@ -68,8 +68,8 @@ def rope_frequencies(
     attention factor that multiplies ``cos`` and ``sin``), as
     ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]`` does.
 
-    Explained in chapter 9, *Attention in today's LLMs*; scaling in chapter
-    14, *Long contexts*.
+    Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter
+    15, *Long contexts*.
 
     Args:
         d_head: width of one head (even).
@@ -134,8 +134,8 @@ def apply_rope(
     (``"dynamic"`` takes ``seq_len = max(positions) + 1``, as transformers
     does in one pass).
 
-    Explained in chapter 9, *Attention in today's LLMs*; scaling in chapter
-    14, *Long contexts*.
+    Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter
+    15, *Long contexts*.
 
     Args:
         x: queries or keys, ``(..., L, d_head)`` with an even ``d_head``.
@@ -190,7 +190,7 @@ def rope_permutation(d_head: int) -> Tensor:
     permutes the rows of ``W_q`` and ``W_k`` once, and attention scores do not
     change (a permutation of coordinates keeps every dot product).
 
-    Explained in chapter 9, *Attention in today's LLMs*.
+    Explained in chapter 10, *Attention in today's LLMs*.
 
     Args:
         d_head: width of one head (even).

@@ -42,7 +42,7 @@ Each request records the step and the time of its first token and of its
 end: :meth:`Engine.latency` gives its time to first token (TTFT) and time
 per output token (TPOT), in steps and seconds.
 
-Explained in chapter 11, *Serving attention*.
+Explained in chapter 12, *Serving attention*.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from .validation import (
 class Request:
     """A generation request: greedy continuation of ``prompt``.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
 
     Attributes:
         prompt: ``(T0,)`` token ids.
@@ -110,7 +110,7 @@ class Request:
 
 
 class Latency(NamedTuple):
-    """What a request's user sees (chapter 11): time to first token (TTFT),
+    """What a request's user sees (chapter 12): time to first token (TTFT),
     from its arrival to the end of the step that produced its first token,
     and time per output token (TPOT), the mean gap between its later tokens
     (``nan`` with one token); in engine steps and in seconds."""
@@ -124,7 +124,7 @@ class Latency(NamedTuple):
 class Engine:
     """Serve :class:`Request` s with a :class:`~attention_lib.CausalLM` and a paged cache.
 
-    Explained in chapter 11, *Serving attention*.
+    Explained in chapter 12, *Serving attention*.
 
     Args:
         model: the model (run in ``eval()`` mode, without gradients); every

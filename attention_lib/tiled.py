@@ -20,7 +20,7 @@ training, too, needs memory linear in the sequence length.
 This is the same algorithm as a FlashAttention kernel, written with ordinary
 PyTorch ops: a teaching model, not a fused GPU kernel.
 
-Explained in chapter 10, *Efficient attention*.
+Explained in chapter 11, *Efficient attention*.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def tiled_attention(
     sees only keys ``i - w < j <= i`` (itself and the ``w - 1`` before it, as
     in 🤗 transformers' sliding-window mask). Key blocks that lie entirely before the band are
     skipped too, so at a fixed window the work grows linearly in ``Lq``, not
-    quadratically (chapter 9).
+    quadratically (chapter 10).
 
     **Gradients.** The function is differentiable in ``query``, ``key`` and
     ``value`` with the memory of the forward pass: instead of letting autograd
@@ -98,7 +98,7 @@ def tiled_attention(
     Dropout together with gradients is refused: the backward pass would have to
     recompute exactly the dropout mask of the forward pass, which is not stored.
 
-    Explained in chapter 10, *Efficient attention*.
+    Explained in chapter 11, *Efficient attention*.
 
     Args:
         query: ``(..., Lq, d_k)`` floating tensor.
@@ -257,8 +257,8 @@ def block_backward(
     prepared the blocks). A query row whose ``lse`` is ``-inf`` (it saw no
     key) gets zero gradients.
 
-    The step behind the backward pass of chapter 10's ``tiled_attention``,
-    which it and the ring attention of chapter 12 call; no chapter calls it
+    The step behind the backward pass of chapter 11's ``tiled_attention``,
+    which it and the ring attention of chapter 13 call; no chapter calls it
     directly.
 
     Args:

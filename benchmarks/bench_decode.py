@@ -1,4 +1,4 @@
-"""Benchmark: greedy decoding with and without the KV cache (chapter 8).
+"""Benchmark: greedy decoding with and without the KV cache (chapter 9).
 
 A randomly initialised :class:`attention_lib.CausalLM` (decoding speed does not
 depend on what the weights have learned) generates ``N`` tokens from an

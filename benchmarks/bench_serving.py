@@ -1,4 +1,4 @@
-"""Benchmark: the serving engine of chapter 11, on CPU.
+"""Benchmark: the serving engine of chapter 12, on CPU.
 
 A randomly initialised :class:`attention_lib.CausalLM` (serving speed does not
 depend on what the weights have learned) serves request mixes with

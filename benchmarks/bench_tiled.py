@@ -1,6 +1,6 @@
 """Benchmark: attention_lib.tiled_attention vs torch's fused SDPA and naive attention.
 
-Chapter 10's targets, at B=1, H=8, d=64, float32, measured as ratios in one run:
+Chapter 11's targets, at B=1, H=8, d=64, float32, measured as ratios in one run:
 
 * **forward time** (under ``torch.inference_mode()``): ``tiled_attention`` <=
   1.5x ``F.scaled_dot_product_attention`` at N in {1024, 2048, 4096}.

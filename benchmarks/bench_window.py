@@ -1,4 +1,4 @@
-"""Benchmark: sliding-window tiled attention grows linearly in N (chapter 10; windows in chapter 9).
+"""Benchmark: sliding-window tiled attention grows linearly in N (chapter 11; windows in chapter 10).
 
 Target: ``tiled_attention(..., is_causal=True, window=256)`` takes about twice
 as long each time N doubles (N = 2048 ... 16384), where plain causal attention

@@ -7,7 +7,7 @@ values. Two ways to compute exact attention over the whole sequence:
 * **Ring attention** (Liu et al., 2023): the K/V shards travel round a ring of
   the ranks, one hop per step; each rank attends its queries to the block it
   holds and merges the partial results through their log-sum-exp, exactly the
-  online softmax of chapter 10. After ``P`` steps every query has seen every
+  online softmax of chapter 11. After ``P`` steps every query has seen every
   key, and no rank ever held more than two K/V blocks. The backward pass sends
   the blocks round again, with their gradients ``dK``/``dV`` travelling along
   and arriving home after ``P`` steps.
@@ -34,7 +34,7 @@ The package, one concept per module (every name below is importable from
   :class:`Case`, :func:`run_cases`, :func:`reference`, :func:`gather` and the
   ``torchrun`` entry :func:`main`, which ``__main__`` calls).
 
-Explained in chapter 12, *Attention across machines*.
+Explained in chapter 13, *Attention across machines*.
 """
 
 # Re-exported: `from attention_lib.distributed import ...` reaches every public name.

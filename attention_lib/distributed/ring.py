@@ -1,11 +1,11 @@
 """Ring attention (Liu et al., 2023): the K/V blocks travel round a ring of the ranks.
 
 Each rank folds every block that reaches it into an online softmax
-(chapter 10's :func:`~attention_lib.tiled.online_softmax_update`); the
+(chapter 11's :func:`~attention_lib.tiled.online_softmax_update`); the
 backward pass sends the blocks round again with their gradients, each block
-taking chapter 10's backward step (:func:`~attention_lib.tiled.block_backward`).
+taking chapter 11's backward step (:func:`~attention_lib.tiled.block_backward`).
 
-Explained in chapter 12, *Attention across machines*.
+Explained in chapter 13, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def ring_blocks_per_rank(
     computes ``r + 1`` blocks; zig-zag evens this out to ``(2P + 1) / 4`` on
     every rank; without a mask every rank computes ``P``.
 
-    Explained in chapter 12, *Attention across machines*.
+    Explained in chapter 13, *Attention across machines*.
 
     Args:
         world_size: the number of ranks ``P``.
@@ -78,7 +78,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, comm: Comm) -> tuple[Tensor, 
     """
     n_chunks, d_v = len(comm.chunks(comm.rank)), v.shape[-1]
     queries = q.chunk(n_chunks, dim=1)
-    # One online-softmax state (m, l, acc) per query chunk (chapter 10): every
+    # One online-softmax state (m, l, acc) per query chunk (chapter 11): every
     # block that arrives is folded in, and m + log l is the running log-sum-exp.
     states = [
         OnlineSoftmaxState.empty(x.shape[:1], x.shape[1], d_v, dtype=q.dtype, device=q.device)
@@ -182,11 +182,11 @@ def ring_attention(
     ``batch_isend_irecv``, overlapping the transfer with its compute), scores
     its queries against the block, and folds the block into its running
     online-softmax state (:func:`~attention_lib.tiled.online_softmax_update`,
-    chapter 10), whose ``m + log l`` is the running log-sum-exp of every query
+    chapter 11), whose ``m + log l`` is the running log-sum-exp of every query
     row. After ``P`` steps the output equals attention over the whole
     sequence. Each rank holds at most two K/V blocks, so the K/V memory is
     ``O(N / P)`` (plus one ``(N/P, N/P)`` block of scores at a time, which a
-    fused kernel would tile as chapter 10 does).
+    fused kernel would tile as chapter 11 does).
 
     Causal: query chunk ``a`` skips every key chunk after it and masks the
     diagonal one (``is_causal=True`` has the meaning of
@@ -198,7 +198,7 @@ def ring_attention(
     ``torch.autograd.Function``): the backward pass sends the K/V blocks
     round the ring again, each with its ``dK``/``dV`` accumulators, which
     every rank adds its share to; after ``P`` hops they are home. Each block
-    takes chapter 10's backward step
+    takes chapter 11's backward step
     (``attention_lib.tiled.block_backward``), its probabilities
     recomputed from the global log-sum-exp saved by the forward pass, so the
     memory stays ``O(N / P)``.
@@ -208,7 +208,7 @@ def ring_attention(
     ranks agree on their shard shapes (one small all-gather), so an uneven
     split is refused on every rank with the same message.
 
-    Explained in chapter 12, *Attention across machines*.
+    Explained in chapter 13, *Attention across machines*.
 
     Args:
         query: this rank's ``(B, H, N/P, D)`` shard of the queries.
@@ -229,7 +229,7 @@ def ring_attention(
 
     Returns:
         This rank's ``(B, H, N/P, D_v)`` shard of the output. float16/bfloat16
-        shards are computed (and sent) in float32, as chapter 10 computes them,
+        shards are computed (and sent) in float32, as chapter 11 computes them,
         and the output is cast back.
 
     Raises:

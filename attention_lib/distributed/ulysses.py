@@ -1,6 +1,6 @@
 """DeepSpeed-Ulysses (Jacobs et al., 2023): from a sequence split to a head split and back.
 
-Explained in chapter 12, *Attention across machines*.
+Explained in chapter 13, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def ulysses_attention(
 
     An all-to-all gives each rank the *whole* sequence for ``H / P`` of the
     heads (rank ``j`` receives head group ``j`` of every rank's shard); each
-    rank runs ordinary attention on its heads (chapter 10's tiled core); a
+    rank runs ordinary attention on its heads (chapter 11's tiled core); a
     second all-to-all returns every rank its positions for all ``H`` heads.
     Each rank sends ``(P - 1) / P`` of each of its four shards (Q, K, V and
     the output) per pass, so the traffic per rank falls as ``1 / P``, but ``P``
@@ -53,7 +53,7 @@ def ulysses_attention(
     Runs in the caller's process group, like :func:`ring_attention`, and
     refuses an uneven split or ``H`` not divisible by ``P`` on every rank.
 
-    Explained in chapter 12, *Attention across machines*.
+    Explained in chapter 13, *Attention across machines*.
 
     Args:
         query: this rank's ``(B, H, N/P, D)`` shard of the queries

@@ -255,7 +255,7 @@ def _translate_figure_alts(
 
 
 # Issue 44, item 5: figures and sliders numbered per chapter ("Fig. 11.1", "Slider 11.1"),
-# with one caption style. Sphinx numbers figures through the whole book (chapter 11 opened
+# with one caption style. Sphinx numbers figures through the whole book (chapter 12 opened
 # on "Fig. 40": the TOC is not ``numbered``, the chapters carry their number in their
 # titles), and the notebooks write a slider's caption as a paragraph opening with
 # "**Slider N.**" ("**滑块 N**："). No page refers to a figure or a slider by its number.
@@ -351,8 +351,8 @@ def _language_links(
 
 
 # The paragraph of a docstring that names the chapters explaining it ("Explained in chapter
-# 6, *Multi-head attention*; backends also in chapter 10, ..."), up to its blank line, and
-# each mention of chapters in it: "chapter 6", "chapters 2 and 3", "chapters 8-9".
+# 6, *Multi-head attention*; backends also in chapter 11, ..."), up to its blank line, and
+# each mention of chapters in it: "chapter 6", "chapters 2 and 3", "chapters 9-10".
 _EXPLAINED_IN = re.compile(r"^\s*Explained in\b")
 _CHAPTERS = re.compile(r"\b(chapters?)(\s+)((?:\d+(?:,\s+|\s+and\s+|\s+or\s+|-))*\d+)\b")
 _CHAPTER_FILE = re.compile(r"(?:^|/)(\d+)_[^/]*$")
@@ -503,7 +503,7 @@ def _visit_citation(self: Any, node: nodes.citation) -> None:
 
 
 # Renamed pages (tools/renumber.py, README.md "Adding a chapter"): book/redirects.json maps
-# each old page name to its new one ("book/08_attention_that_writes" ->
+# each old page name to its new one ("book/09_attention_that_writes" ->
 # "book/09_attention_that_writes"). Every edition gets a small static page at each old URL
 # that sends the reader on: a meta refresh and a visible link (no JavaScript needed, works
 # from files), a canonical link, and an inline script that keeps the #fragment.

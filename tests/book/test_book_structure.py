@@ -326,7 +326,7 @@ def test_static_figures_say_what_they_show(nb: Path) -> None:
 
 
 def test_chapter_links_say_the_number_of_the_chapter_they_open() -> None:
-    """ "[chapter 8](08_attention_that_writes.ipynb)": the number in the link text is the
+    """ "[chapter 8](09_attention_that_writes.ipynb)": the number in the link text is the
     file's (both editions; a renumbering once wrote 'chapter 10' for 08_...)."""
     link = re.compile(r"(?:[Cc]hapters?|第)\s*(\d+)\s*章?\]\((\d\d)_[a-z_]+\.ipynb")
     pages = [*sorted((ROOT / "book").glob("*.ipynb")), *sorted((ROOT / "book").glob("*.md"))]
@@ -338,4 +338,4 @@ def test_chapter_links_say_the_number_of_the_chapter_they_open() -> None:
         if int(m.group(1)) != int(m.group(2))
     ]
     assert wrong == []
-    assert link.search("[第 9 章](09_modern_attention.ipynb)")  # the pattern reads both
+    assert link.search("[第 9 章](10_modern_attention.ipynb)")  # the pattern reads both

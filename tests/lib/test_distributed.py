@@ -178,7 +178,7 @@ def test_peak_kv_memory_per_rank_falls_as_one_over_p(runs):
 
 
 def test_measured_peak_memory_of_the_ring_falls_with_p_and_gathering_first_does_not(runs):
-    # Chapter 10's TensorMemory sees every tensor the forward pass allocates, not
+    # Chapter 11's TensorMemory sees every tensor the forward pass allocates, not
     # only the K/V blocks that CommStats counts.
     def peak(method, layout, p):
         (case,) = [c for c in CASES if (c.method, c.layout, c.world_size) == (method, layout, p)

@@ -1,4 +1,4 @@
-"""Chapter 9's MultiHeadAttention: grouped-query attention, RoPE, and parity with
+"""Chapter 10's MultiHeadAttention: grouped-query attention, RoPE, and parity with
 🤗 transformers' LlamaAttention (tiny configs, random weights, nothing downloaded)."""
 
 from __future__ import annotations

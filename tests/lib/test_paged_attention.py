@@ -1,4 +1,4 @@
-"""Paged attention in place (chapter 11): walking each sequence's block table
+"""Paged attention in place (chapter 12): walking each sequence's block table
 with the online softmax equals attention over the gathered keys (and vLLM's
 token-by-token reference), for every mask a layer may have, and its extra
 memory does not grow with the cached tokens."""

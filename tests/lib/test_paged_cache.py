@@ -1,4 +1,4 @@
-"""PagedKVCache (chapter 11): block tables, allocation and freeing, reference
+"""PagedKVCache (chapter 12): block tables, allocation and freeing, reference
 counts and copy on write; attention through the block table equals attention
 over the contiguous cache."""
 

@@ -1,4 +1,4 @@
-"""Ragged batches (chapter 11): generate() on prompts of different lengths, left
+"""Ragged batches (chapter 12): generate() on prompts of different lengths, left
 padding, per-sequence positions and eos; anchored on 🤗 transformers' generate
 with left padding (a tiny random Llama, nothing downloaded)."""
 

@@ -1,4 +1,4 @@
-"""The continuous-batching engine (chapter 11): over random request mixes
+"""The continuous-batching engine (chapter 12): over random request mixes
 (prompt and output lengths, arrival order, block sizes, eos, pool sizes) no
 request's tokens change against generating it alone, and every block is freed."""
 

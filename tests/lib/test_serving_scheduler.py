@@ -1,4 +1,4 @@
-"""The engine's scheduler (chapter 11): chunked prefill under a token budget,
+"""The engine's scheduler (chapter 12): chunked prefill under a token budget,
 prefix caching by hash with LRU eviction, the admission watermark, every
 attention layer type served, and TTFT/TPOT. Under random request mixes no
 request's tokens change against generating it alone, and every block is freed."""

@@ -1,4 +1,4 @@
-"""Sliding-window attention (chapter 9): causal_mask(window=...), the tiled
+"""Sliding-window attention (chapter 10): causal_mask(window=...), the tiled
 kernel's band, and the rolling KV cache of a windowed decoder.
 
 Oracle: 🤗 transformers' sliding-window mask (``masking_utils``), also used as
