@@ -143,7 +143,7 @@ __all__ += [
     "paged_attention",
 ]
 
-# --- attention across machines: ring attention and Ulysses (chapter 13)
+# --- attention across machines: ring attention and Ulysses (chapter 14)
 from .distributed import (
     CommStats,
     allgather_attention,
@@ -164,19 +164,19 @@ __all__ += [
     "zigzag_split",
 ]
 
-# --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 15)
+# --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 16)
 from .convert import layer_options_from_hf
 from .kv_cache import ChunkKVCache
 
 __all__ += ["ChunkKVCache", "layer_options_from_hf"]
 
-# --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 16)
+# --- latent and sparse attention: DeepSeek's MLA and DSA (chapter 17)
 from .dsa import lightning_indexer, top_k_keys
 from .mla import LatentKVCache, MultiHeadLatentAttention
 
 __all__ += ["LatentKVCache", "MultiHeadLatentAttention", "lightning_indexer", "top_k_keys"]
 
-# --- attention without softmax: linear attention, the delta rule, hybrids (chapter 17)
+# --- attention without softmax: linear attention, the delta rule, hybrids (chapter 18)
 from .gated_deltanet import GatedDeltaNet, LayerStateCache
 from .linear_attention import gated_delta_rule, linear_attention
 

@@ -56,7 +56,7 @@ class CausalLM(DecoderConverters, nn.Module):
     ahead), followed by a final ``LayerNorm`` and a linear head.
 
     Explained in chapter 9, *Attention that writes*; layer types, chunks and
-    NoPE layers in chapter 15, *Long contexts*. :meth:`from_hf` builds one
+    NoPE layers in chapter 16, *Long contexts*. :meth:`from_hf` builds one
     from a 🤗 transformers decoder (Llama 3, Qwen3, Gemma 3, SmolLM3).
 
     Args:
@@ -83,9 +83,9 @@ class CausalLM(DecoderConverters, nn.Module):
             cache of ``window`` tokens. ``None`` for plain causal attention.
         layer_types: one name per layer, ``"full"``, ``"sliding"`` (with
             ``window``), ``"chunked"`` (with ``chunk_size``), ``"linear"``
-            (Gated DeltaNet, a fixed-size state; chapter 17), or another name
+            (Gated DeltaNet, a fixed-size state; chapter 18), or another name
             of :data:`~attention_lib.layer_types.LAYER_TYPES` (Gemma 2 and 3's
-            local and global layers, Llama 4's chunks; chapter 15).
+            local and global layers, Llama 4's chunks; chapter 16).
             Each layer then keeps its own cache, only what it
             can see. ``None`` (default): every layer alike, ``window`` in all.
         chunk_size: the chunk of the ``"chunked"`` layers.
@@ -103,7 +103,7 @@ class CausalLM(DecoderConverters, nn.Module):
         head_bias: whether the head has a bias (today's LLMs have none).
         **attention: further options of every layer's
             :class:`~attention_lib.MultiHeadAttention`: ``qk_norm``,
-            ``softcap``, ``sink`` and ``gate`` (chapter 14), ...
+            ``softcap``, ``sink`` and ``gate`` (chapter 15), ...
 
     Shapes:
         - tokens: ``(B, L)`` integer ids; with a cache of ``T`` tokens,
@@ -288,7 +288,7 @@ class CausalLM(DecoderConverters, nn.Module):
         layers, a rolling window that is too small, or sink tokens with a
         windowed model: they would make its window's positions wrong; a model
         without a window reads a cache with ``sink_tokens`` as StreamingLLM
-        does, chapter 14); return the number of
+        does, chapter 15); return the number of
         tokens it has seen. Each layer's attention checks that its own cache
         holds the right batch, heads, width and dtype. With ``batch``, every
         layer's cache is checked against it here, once per call (the layers then

@@ -17,7 +17,7 @@ here is either reproduced or refused for the right reason.
 Explained in chapter 6, *Multi-head attention* (``nn.MultiheadAttention``) and
 chapter 10, *Attention in today's LLMs* (🤗 transformers' ``LlamaAttention``);
 scaled RoPE and the per-layer patterns of long-context models
-(:func:`~attention_lib.layer_options_from_hf`) in chapter 15, *Long contexts*.
+(:func:`~attention_lib.layer_options_from_hf`) in chapter 16, *Long contexts*.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def layer_options_from_hf(config: Any) -> dict[str, Any]:
     ``sliding_window``, ``attention_chunk_size`` and Llama 4's
     ``no_rope_layers`` (``0`` marks a layer without RoPE).
 
-    Explained in chapter 15, *Long contexts*.
+    Explained in chapter 16, *Long contexts*.
 
     Args:
         config: a transformers ``PretrainedConfig`` (or any object with those
@@ -85,7 +85,7 @@ class AttentionConverters:
     inherits: each builds ``cls`` from a layer of another library, or refuses
     the layer with a ``ValueError`` naming what it cannot reproduce.
 
-    Chapters 6, 10 and 14 call them as ``MultiHeadAttention.from_torch``,
+    Chapters 6, 10 and 15 call them as ``MultiHeadAttention.from_torch``,
     ``.from_hf_llama`` and ``.from_hf``; each method names its chapter.
     """
 
@@ -155,12 +155,12 @@ class AttentionConverters:
         """``from_hf_llama`` under its general name: any transformers attention
         layer this package can reproduce (chapter 10's Llama, Mistral, Qwen2-style
         windows; Qwen3's QK-norm, Gemma 2's soft-capping and gpt-oss's sinks, the
-        features of chapter 14), or a ``ValueError`` naming what it cannot.
+        features of chapter 15), or a ``ValueError`` naming what it cannot.
         A BERT ``BertAttention`` (its ``self``, a ``BertSelfAttention``, and
         its ``output``, a ``BertSelfOutput``) is converted by
         :meth:`from_hf_bert`.
 
-        Explained in chapter 14, *Where attention goes*."""
+        Explained in chapter 15, *Where attention goes*."""
         if _is_bert_attention(module):
             return cls.from_hf_bert(module, backend=backend)
         return cls.from_hf_llama(module, backend=backend)
@@ -264,7 +264,7 @@ class AttentionConverters:
         ``clip_qkv`` (OLMo), attention logit soft-capping (Gemma 2's
         ``attn_logit_softcapping``), a rotation other than rotate-half or
         interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
-        frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 15;
+        frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 16;
         ``"dynamic"``, whose speeds depend on the length of each call and on the
         lengths the model saw before, is refused, as are ``partial_rotary_factor``
         and any other ``rope_type``), a bias in some projections only (Qwen2), and
@@ -316,7 +316,7 @@ class AttentionConverters:
         softcap = getattr(
             module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
         )
-        rope_scaling, scaled = _rope_scaling(rope)  # linear, YaRN and Llama 3.1's (chapter 15)
+        rope_scaling, scaled = _rope_scaling(rope)  # linear, YaRN and Llama 3.1's (chapter 16)
         default_rope = (
             scaled
             and "rope_theta" in rope
@@ -424,7 +424,7 @@ def rms_norm_offset(norm: nn.Module | None, dim: int) -> float | None:
     for ``x / rms(x) * w`` (Llama's, Qwen3's), ``1.0`` for Gemma's ``x / rms(x) *
     (1 + w)``, ``None`` for anything else (a LayerNorm, a norm over all heads at
     once, ...). Probed on inputs with a non-zero mean, with the norm's own
-    weight and epsilon. The QK-norm test of ``from_hf_llama`` (chapter 14)
+    weight and epsilon. The QK-norm test of ``from_hf_llama`` (chapter 15)
     and the norm test of :func:`~attention_lib.hf_models.from_hf`.
     """
     weight = getattr(norm, "weight", None)

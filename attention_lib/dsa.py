@@ -19,7 +19,7 @@ cached decode step may pick differently from a full pass). :func:`~attention_lib
 breaks every tie in favour of the **earlier key** (a stable sort), so the same
 scores always select the same keys.
 
-Explained in chapter 16, *Latent and sparse attention*.
+Explained in chapter 17, *Latent and sparse attention*.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def lightning_indexer(
     with per-query weights ``w`` instead of a softmax. Computed in float32,
     as DeepSeek-V3.2 (in 🤗 transformers, ``DeepseekV32Indexer``) does.
 
-    Explained in chapter 16, *Latent and sparse attention*.
+    Explained in chapter 17, *Latent and sparse attention*.
 
     Args:
         query: the indexer's queries, ``(B, Lq, H_I, d_I)``.
@@ -100,7 +100,7 @@ def top_k_keys(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     keys with the same score the one with the smaller index ranks first. A
     cached decode step and a full pass then choose the same keys.
 
-    Explained in chapter 16, *Latent and sparse attention*.
+    Explained in chapter 17, *Latent and sparse attention*.
 
     Args:
         scores: ``(..., Lq, Lk)``, ``-inf`` for keys that may not be chosen.
@@ -135,7 +135,7 @@ def top_k_mask(indices: Tensor, valid: Tensor, k_len: int) -> Tensor:
     (``True`` at the valid chosen keys): sparse attention written as dense
     attention with a mask.
 
-    Explained in chapter 16, *Latent and sparse attention*.
+    Explained in chapter 17, *Latent and sparse attention*.
     """
     keep = torch.zeros(*indices.shape[:-1], k_len, dtype=torch.bool, device=indices.device)
     return keep.scatter(-1, indices, valid)  # (..., Lq, Lk)
@@ -152,7 +152,7 @@ class LightningIndexer(nn.Module):
     :class:`~attention_lib.MultiHeadLatentAttention` (``index_topk``), which
     validates the input: its methods check nothing.
 
-    Explained in chapter 16, *Latent and sparse attention*.
+    Explained in chapter 17, *Latent and sparse attention*.
 
     Args:
         d_model: model width.
@@ -218,7 +218,7 @@ class LightningIndexer(nn.Module):
     def from_hf(cls, indexer: nn.Module) -> LightningIndexer:
         """The indexer of a 🤗 transformers ``DeepseekV32Indexer``, weights copied.
 
-        Explained in chapter 16, *Latent and sparse attention*.
+        Explained in chapter 17, *Latent and sparse attention*.
         """
         weight = indexer.wq_b.weight
         new = cls(

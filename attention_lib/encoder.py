@@ -223,10 +223,10 @@ class EncoderLayer(nn.Module):
             :class:`~attention_lib.MultiHeadAttention`: ``backend`` (whatever
             it is, ``need_weights=True`` computes with the lib backend),
             ``num_kv_heads``, ``rope_base`` and ``window`` (chapter 10),
-            ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 14), ...
+            ``qk_norm``, ``softcap``, ``sink`` and ``gate`` (chapter 15), ...
         layer_type: a name of :data:`~attention_lib.layer_types.LAYER_TYPES`
             (``"full"``, ``"sliding"``, ``"chunked"``, ...): its ``make_mixer``
-            builds the token mixer from these options (chapter 15);
+            builds the token mixer from these options (chapter 16);
             ``None`` (default) for a ``MultiHeadAttention``.
         block: what the layer's norms and MLP are, a
             :class:`~attention_lib.BlockSpec` (RMSNorm, gated MLPs,
@@ -279,7 +279,7 @@ class EncoderLayer(nn.Module):
         self._table = LAYER_TYPES if layer_table is None else layer_table
         if layer_type is None:
             self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, **attention)
-        else:  # the token mixer of this layer type (a table, chapter 15)
+        else:  # the token mixer of this layer type (a table, chapter 16)
             if isinstance(layer_type, str):
                 layer_type = LayerSpec(layer_type)
             check_instance("layer_type", layer_type, LayerSpec, "a str, a LayerSpec or None")
@@ -409,7 +409,7 @@ class Encoder(nn.Module):
         dropout: dropout probability (``train()`` only).
         layer_types: one name of :data:`~attention_lib.layer_types.LAYER_TYPES`
             per layer (``"full"``, ``"sliding"`` with ``window``, ``"chunked"``
-            with ``chunk_size``; chapter 15), or ``None``
+            with ``chunk_size``; chapter 16), or ``None``
             (default): every layer a ``MultiHeadAttention`` with the same options.
         nope_layers: indices of layers without RoPE (NoPE, Llama 4's global
             layers): their attention gets ``rope_base=None``.

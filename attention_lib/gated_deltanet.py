@@ -18,7 +18,7 @@ keys and values: the ``(B, H, d_k, d_v)`` matrix ``S`` and the last
 ``conv_size - 1`` inputs of the short convolution. Its size does not grow with
 the number of tokens.
 
-Explained in chapter 17, *Attention without softmax*.
+Explained in chapter 18, *Attention without softmax*.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class LayerStateCache:
     and, for the short convolution, the last ``conv_size - 1`` inputs it saw.
     :class:`GatedDeltaNet` reads and replaces both on every call.
 
-    Explained in chapter 17, *Attention without softmax*.
+    Explained in chapter 18, *Attention without softmax*.
 
     Attributes:
         state: ``(B, H, d_k, d_v)`` recurrent state, or ``None`` while empty.
@@ -98,7 +98,7 @@ class GatedDeltaNet(nn.Module):
     its grouped heads (Qwen3-Next: 16 query/key heads shared by 32 value
     heads); :meth:`from_hf` copies one.
 
-    Explained in chapter 17, *Attention without softmax*.
+    Explained in chapter 18, *Attention without softmax*.
 
     Args:
         d_model: model width.
@@ -176,7 +176,7 @@ class GatedDeltaNet(nn.Module):
         :class:`LayerStateCache` (the convolution's last inputs and the
         recurrent state) where transformers' model keeps them in its cache.
 
-        Explained in chapter 17, *Attention without softmax*.
+        Explained in chapter 18, *Attention without softmax*.
 
         Args:
             module: a ``Qwen3NextGatedDeltaNet`` (a ``linear_attention`` layer
@@ -289,7 +289,7 @@ class GatedDeltaNet(nn.Module):
         :mod:`attention_lib.protocols`); no checks. Always causal, no positions;
         a padding keep-mask or ``need_weights`` raise ``ValueError``.
 
-        Explained in chapter 17, *Attention without softmax*.
+        Explained in chapter 18, *Attention without softmax*.
         """
         if need_weights or step.keep is not None or not step.causal:
             raise ValueError("GatedDeltaNet mixes x causally with itself: no mask, no weights")
@@ -318,7 +318,7 @@ class GatedDeltaNet(nn.Module):
     def make_cache(self) -> LayerStateCache:
         """An empty :class:`LayerStateCache`.
 
-        Explained in chapter 17, *Attention without softmax*.
+        Explained in chapter 18, *Attention without softmax*.
         """
         return LayerStateCache()
 

@@ -60,7 +60,7 @@ class _Rolling:
 
     @property
     def window(self) -> int | None:
-        """``keep_last`` under its older name (chapters 10 and 14 write
+        """``keep_last`` under its older name (chapters 10 and 15 write
         ``KVCache(window=w)``): the tokens a rolling cache keeps, not the
         window of sliding-window attention (what a query sees)."""
         return self.keep_last
@@ -80,10 +80,10 @@ class LayerKVCache(_Rolling):
             an attention window: a layer with a window of ``w`` (a query sees
             itself and ``w - 1`` keys before it) keeps ``keep_last=w``.
         sink_tokens: with ``keep_last``, also keep the first ``sink_tokens``
-            positions for ever (StreamingLLM, chapter 14): the cache holds the
+            positions for ever (StreamingLLM, chapter 15): the cache holds the
             sinks, then the last ``keep_last`` positions. ``None`` (default) for
             a plain rolling cache.
-        window: the older name of ``keep_last`` (chapters 10 and 14 use it).
+        window: the older name of ``keep_last`` (chapters 10 and 15 use it).
 
     Attributes:
         key: ``(B, H_kv, T, d_k)`` cached keys, or ``None`` while empty.
@@ -207,7 +207,7 @@ class ChunkKVCache(LayerKVCache):
     more than ``chunk - 1`` positions, and the keys it holds always start a
     chunk (what :class:`~attention_lib.masks.Causal`'s ``chunk`` assumes).
 
-    Explained in chapter 15, *Long contexts*.
+    Explained in chapter 16, *Long contexts*.
 
     Args:
         chunk: the chunk length ``c >= 1``.
@@ -253,20 +253,20 @@ class KVCache(_Rolling):
     next call only has to process the tokens that follow.
 
     Explained in chapter 9, *Attention that writes*; ``sink_tokens``
-    (StreamingLLM) in chapter 14, *Where attention goes*.
+    (StreamingLLM) in chapter 15, *Where attention goes*.
 
     Args:
         keep_last: keep only the last ``keep_last`` tokens in every layer (a
             rolling cache for a model with a sliding window of that many
             tokens, chapter 10); ``None`` keeps all.
         sink_tokens: with ``keep_last``, also keep the first ``sink_tokens``
-            tokens for ever (StreamingLLM, chapter 14); a model without a
+            tokens for ever (StreamingLLM, chapter 15); a model without a
             window then attends to the sinks and the last ``keep_last`` tokens.
-        window: the older name of ``keep_last`` (chapters 10 and 14 write
+        window: the older name of ``keep_last`` (chapters 10 and 15 write
             ``KVCache(window=w)``); not an attention window.
 
     A model whose layers see different spans (``CausalLM(layer_types=...)``,
-    chapter 15) makes each layer's cache itself: a
+    chapter 16) makes each layer's cache itself: a
     :class:`LayerKVCache` for a full layer, a rolling one for a sliding layer, a
     :class:`ChunkKVCache` for a chunked one (:mod:`attention_lib.layer_types`).
 

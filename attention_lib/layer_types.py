@@ -28,9 +28,9 @@ The attention types of this package, all :class:`~attention_lib.MultiHeadAttenti
 and one without softmax, ``"linear"``: a
 :class:`~attention_lib.gated_deltanet.GatedDeltaNet` (Qwen3-Next's linear
 layer) whose cache is a fixed-size
-:class:`~attention_lib.gated_deltanet.LayerStateCache` (chapter 17).
+:class:`~attention_lib.gated_deltanet.LayerStateCache` (chapter 18).
 
-and two latent ones (chapter 16): ``"mla"``, a
+and two latent ones (chapter 17): ``"mla"``, a
 :class:`~attention_lib.MultiHeadLatentAttention` (DeepSeek-V3's MLA, with
 ``absorb`` as an option), and ``"dsa"``, the same with DeepSeek-V3.2's
 lightning indexer (``index_topk`` required); both cache a
@@ -56,7 +56,7 @@ Every mixer the table builds follows the mixer protocol of
 :mod:`attention_lib.protocols` (``mix``, ``make_cache``), and every cache the
 cache protocol.
 
-Explained in chapter 15, *Long contexts*.
+Explained in chapter 16, *Long contexts*.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from .validation import check_choice, check_instance
 class LayerType(NamedTuple):
     """What a layer type builds: its token mixer and its per-layer cache.
 
-    Explained in chapter 15, *Long contexts*.
+    Explained in chapter 16, *Long contexts*.
 
     Attributes:
         make_mixer: builds the layer's token mixer, an ``nn.Module``, from
@@ -112,7 +112,7 @@ def _attention(extent: str | None = None) -> Callable[..., nn.Module]:
 def _linear(
     d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
 ):
-    """Gated DeltaNet (chapter 17): no positions, no backend; it computes nothing else."""
+    """Gated DeltaNet (chapter 18): no positions, no backend; it computes nothing else."""
     given = {name for name, value in attention.items() if value is not None}
     given -= {"backend", "rope_base", "rope_scaling", "num_kv_heads"}  # attention's only
     if dropout or given:
@@ -172,8 +172,8 @@ LAYER_TYPES: dict[str, LayerType] = {
     "full": LayerType(_attention(), lambda mixer: LayerKVCache()),
     "sliding": LayerType(_attention("window"), lambda mixer: LayerKVCache(keep_last=mixer.window)),
     "chunked": LayerType(_attention("chunk_size"), lambda mixer: ChunkKVCache(mixer.chunk_size)),
-    "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 17
-    "mla": LayerType(_latent(False), lambda mixer: LatentKVCache()),  # chapter 16
+    "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 18
+    "mla": LayerType(_latent(False), lambda mixer: LatentKVCache()),  # chapter 17
     "dsa": LayerType(_latent(True), lambda mixer: LatentKVCache()),
 }
 
@@ -186,7 +186,7 @@ class LayerSpec:
     rope_base=None)`` is a NoPE layer; ``LayerSpec("dsa", index_topk=64)``.
     Frozen: a model keeps the specs it was built from (``model.layer_specs``).
 
-    The per-layer values of chapter 15's layer types (not yet used by the
+    The per-layer values of chapter 16's layer types (not yet used by the
     chapter itself).
 
     Args:
@@ -253,7 +253,7 @@ def register_layer_type(
     it. A model can also take a table of its own, ``CausalLM(...,
     layer_table=...)``, which changes nothing global.
 
-    Explained in chapter 15, *Long contexts*.
+    Explained in chapter 16, *Long contexts*.
 
     Args:
         name: the name used in ``layer_types``.

@@ -32,7 +32,7 @@ features, the state, the sums and the triangular solve) and the output is
 rounded back once, as chapter 11's tiled attention does: a state summed over
 hundreds of tokens in float16 loses digits at every step.
 
-Explained in chapter 17, *Attention without softmax*.
+Explained in chapter 18, *Attention without softmax*.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def linear_attention(
     form the state ``phi(K)^T V`` once (the recurrent and chunked ones) or
     the full matrix (the quadratic one).
 
-    Explained in chapter 17, *Attention without softmax*.
+    Explained in chapter 18, *Attention without softmax*.
 
     Args:
         query: ``(..., L, d_k)``, e.g. ``(B, H, L, d_k)`` as for
@@ -249,7 +249,7 @@ def gated_delta_rule(
     half-precision inputs, as fla's does), so a state carried from call to
     call does not lose digits at every call.
 
-    Explained in chapter 17, *Attention without softmax*.
+    Explained in chapter 18, *Attention without softmax*.
 
     Args:
         query: ``(B, H, L, d_k)``.
@@ -308,7 +308,7 @@ def gated_delta_core(
 ) -> tuple[Tensor, Tensor]:
     """The core of :func:`gated_delta_rule`, without checks.
 
-    The arguments are those of :func:`gated_delta_rule` (chapter 17), already
+    The arguments are those of :func:`gated_delta_rule` (chapter 18), already
     validated by the caller (a model's layer, whose model checked its input
     once). Returns ``(output, final_state)``: the output in ``query``'s dtype,
     the state in the computing dtype (the widest of the inputs', at least

@@ -31,7 +31,7 @@ class Causal(NamedTuple):
     ``j <= i + offset``; with a ``window``, only to ``i + offset - window < j``;
     with a ``chunk``, only to keys in its own chunk, ``j // chunk == (i +
     offset) // chunk`` (Llama 4's chunked attention; key 0 starts a chunk, as
-    it does in a chunked layer's cache, chapter 15).
+    it does in a chunked layer's cache, chapter 16).
     ``offset = 0`` is the top-left alignment of
     ``F.scaled_dot_product_attention(is_causal=True)``; ``offset = Lk - Lq``
     the bottom-right one, for queries that are the *last* ``Lq`` of the ``Lk``
@@ -75,7 +75,7 @@ def causal_mask(
     ``offset``; ``window`` and ``chunk`` together keep what both keep.
 
     Explained in chapter 5, *Masking*; sliding windows in chapter 10,
-    *Attention in today's LLMs*; chunks in chapter 15, *Long contexts*.
+    *Attention in today's LLMs*; chunks in chapter 16, *Long contexts*.
 
     Args:
         q_len: number of queries ``Lq``.

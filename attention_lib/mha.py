@@ -49,7 +49,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
     and mixed by ``W_o``.
 
     Explained in chapter 6, *Multi-head attention*; backends also in chapter 11,
-    *Efficient attention*; QK-norm, soft-capping, sinks and gates in chapter 14,
+    *Efficient attention*; QK-norm, soft-capping, sinks and gates in chapter 15,
     *Where attention goes*.
 
     **Mask semantics.** ``mask`` is a *keep-mask*, as in
@@ -100,7 +100,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         rope_scaling: with ``rope_base``, a RoPE ``scaling`` dict in 🤗
             transformers' format (``"linear"``, ``"dynamic"``, ``"yarn"``,
             ``"llama3"``; see :func:`~attention_lib.rope_frequencies`; chapter
-            15). ``"dynamic"`` takes its length from each call's
+            16). ``"dynamic"`` takes its length from each call's
             positions and is refused with a ``kv_cache`` (cached keys were
             turned at other speeds). ``None`` (default) for plain RoPE.
         scale: multiplier of the scores, as ``F.scaled_dot_product_attention``'s
@@ -111,20 +111,20 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             ``is_causal``. ``None`` (default) for no window.
         chunk_size: chunked attention (Llama 4's local layers): with
             ``is_causal=True`` a query sees only the keys of its own chunk of
-            ``chunk_size`` positions (chapter 15); refuses
+            ``chunk_size`` positions (chapter 16); refuses
             calls without ``is_causal`` and a cache that does not start a chunk
             (use a :class:`~attention_lib.ChunkKVCache`). ``None`` for none.
         qk_norm: QK-norm (Qwen3, OLMo 2): an ``nn.RMSNorm`` over each head's
             width, with a learned weight, on the queries and on the keys,
-            before RoPE (chapter 14).
+            before RoPE (chapter 15).
         softcap: soft-capping (Gemma 2): scores become ``softcap *
-            tanh(scores / softcap)`` (chapter 14); ``backend="lib"`` only.
+            tanh(scores / softcap)`` (chapter 15); ``backend="lib"`` only.
         sink: one learned attention-sink logit per head (gpt-oss), a virtual
             key with a zero value that takes a share of every row's softmax
-            (chapter 14); ``backend="lib"`` only.
+            (chapter 15); ``backend="lib"`` only.
         gate: an output gate (Qwen3-Next): ``sigmoid(W_g x)``, from the
             layer's input ``query``, multiplies the heads' concatenated output
-            before ``W_o`` (chapter 14).
+            before ``W_o`` (chapter 15).
         head_dim: the width ``d_k`` of each head when it is not ``d_model //
             num_heads`` (Qwen3, Gemma 3): ``W_q`` then has ``num_heads *
             head_dim`` outputs and ``W_o`` as many inputs. ``None`` (default)
@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         )
         self.softcap = None if softcap is None else check_real("softcap", softcap, above=0)
         factory = {"device": device, "dtype": dtype}
-        # Where attention goes (chapter 14): one learned sink logit per head (gpt-oss).
+        # Where attention goes (chapter 15): one learned sink logit per head (gpt-oss).
         self.sink = (
             nn.Parameter(torch.zeros(num_heads, **factory)) if check_bool("sink", sink) else None
         )
@@ -470,7 +470,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         :class:`~attention_lib.ChunkKVCache` with ``chunk_size``, a rolling
         :class:`~attention_lib.LayerKVCache` with ``window``, else a full one.
 
-        Explained in chapter 15, *Long contexts*.
+        Explained in chapter 16, *Long contexts*.
         """
         if self.chunk_size is not None:
             return ChunkKVCache(self.chunk_size)

@@ -13,7 +13,7 @@ With ``index_topk`` the module is DeepSeek-V3.2's sparse attention (DSA,
 :mod:`attention_lib.dsa`): a lightning indexer picks the ``k`` keys each
 query reads.
 
-Explained in chapter 16, *Latent and sparse attention*.
+Explained in chapter 17, *Latent and sparse attention*.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class LatentKVCache:
     latent ``c`` and the shared RoPE key, nothing else (with DSA, also the
     indexer's key).
 
-    Explained in chapter 16, *Latent and sparse attention*.
+    Explained in chapter 17, *Latent and sparse attention*.
 
     Attributes:
         latent: ``(B, T, kv_lora_rank)``, or ``None`` while empty.
@@ -167,7 +167,7 @@ class MultiHeadLatentAttention(nn.Module):
     are gathered (the attention reads ``k`` keys per query); otherwise the
     choice is applied as a keep-mask over all keys (the same numbers).
 
-    Explained in chapter 16, *Latent and sparse attention*.
+    Explained in chapter 17, *Latent and sparse attention*.
 
     Args:
         d_model: model width.
@@ -182,7 +182,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope_base: RoPE base (10000 in DeepSeek-V3).
         rope_scaling: a RoPE ``scaling`` dict in 🤗 transformers' format, as
             :class:`~attention_lib.MultiHeadAttention`'s (DeepSeek-V3's
-            published config uses ``"yarn"``; chapter 15), or ``None``.
+            published config uses ``"yarn"``; chapter 16), or ``None``.
         absorb: attend in the latent space (see above).
         index_topk: with an int ``k``, DSA: attend to ``k`` keys per query.
         index_heads: the indexer's heads ``H_I`` (64 in DeepSeek-V3.2).
@@ -318,7 +318,7 @@ class MultiHeadLatentAttention(nn.Module):
         positions, and passes them down to ``attend`` (which checks
         nothing).
 
-        Explained in chapter 16, *Latent and sparse attention*.
+        Explained in chapter 17, *Latent and sparse attention*.
 
         Args:
             x: ``(B, L, d_model)``.
@@ -416,7 +416,7 @@ class MultiHeadLatentAttention(nn.Module):
         protocol of :mod:`attention_lib.protocols`), with the ``step`` the model
         prepared once; no checks. No weights: ``need_weights`` raises.
 
-        Explained in chapter 16, *Latent and sparse attention*.
+        Explained in chapter 17, *Latent and sparse attention*.
         """
         if need_weights:
             raise ValueError("MultiHeadLatentAttention returns no attention weights")
@@ -445,7 +445,7 @@ class MultiHeadLatentAttention(nn.Module):
     def make_cache(self) -> LatentKVCache:
         """An empty :class:`LatentKVCache` for this layer.
 
-        Explained in chapter 16, *Latent and sparse attention*.
+        Explained in chapter 17, *Latent and sparse attention*.
         """
         return LatentKVCache()
 
@@ -541,7 +541,7 @@ class MultiHeadLatentAttention(nn.Module):
     def up_projections(self) -> tuple[Tensor, Tensor]:
         """``W_UK`` ``(H, d_nope, d_c)`` and ``W_UV`` ``(H, d_v, d_c)``: views of ``W_ukv``.
 
-        Explained in chapter 16, *Latent and sparse attention*.
+        Explained in chapter 17, *Latent and sparse attention*.
         """
         per_head = self.W_ukv.weight.view(self.num_heads, -1, self.kv_lora_rank)
         return per_head.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)
@@ -556,7 +556,7 @@ class MultiHeadLatentAttention(nn.Module):
         and attention factor in the rotation, its ``mscale_all_dim`` in the
         layer's score scale.
 
-        Explained in chapter 16, *Latent and sparse attention*.
+        Explained in chapter 17, *Latent and sparse attention*.
 
         Raises:
             TypeError: if ``layer`` is not such a layer (it has no ``kv_b_proj``).

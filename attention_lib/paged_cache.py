@@ -105,7 +105,7 @@ class PagedKVCache:
         """The pool for a :class:`~attention_lib.CausalLM`: its layers, key/value
         heads, head width, dtype and device. Every layer must be softmax
         attention (:class:`~attention_lib.MultiHeadAttention`: full, sliding
-        or chunked, with any of chapter 14's options) with the same heads.
+        or chunked, with any of chapter 15's options) with the same heads.
 
         Raises:
             ValueError: naming the layer type of a layer whose cache is not

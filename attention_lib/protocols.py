@@ -64,8 +64,8 @@ the same way:
   drafted tokens); a cache that cannot (a recurrent state, a rolling cache
   that has already dropped tokens) raises ``ValueError`` saying so.
 
-Explained in chapter 17, *Attention without softmax* (the hybrid model whose
-layers mix tokens in different ways); layer types in chapter 15, *Long
+Explained in chapter 18, *Attention without softmax* (the hybrid model whose
+layers mix tokens in different ways); layer types in chapter 16, *Long
 contexts*.
 """
 
@@ -84,7 +84,7 @@ from .rope import rope_cos_sin
 class LayerCache(Protocol):
     """What every per-layer cache answers (see :mod:`attention_lib.protocols`).
 
-    The layers of chapter 17's hybrid models follow it (the chapter does not
+    The layers of chapter 18's hybrid models follow it (the chapter does not
     name it).
     """
 
@@ -120,7 +120,7 @@ class LayerCache(Protocol):
 class Step:
     """The per-call facts a model prepares once and hands to every layer's mixer.
 
-    The layers of chapter 17's hybrid models follow it (the chapter does not
+    The layers of chapter 18's hybrid models follow it (the chapter does not
     name it).
 
     Attributes:
@@ -160,7 +160,7 @@ class Step:
 class TokenMixer(Protocol):
     """What every token mixer of a decoder layer does (see :mod:`attention_lib.protocols`).
 
-    The layers of chapter 17's hybrid models follow it (the chapter does not
+    The layers of chapter 18's hybrid models follow it (the chapter does not
     name it).
     """
 

@@ -28,7 +28,7 @@ a larger base, from the length of the sequence), ``"yarn"`` (fast pairs kept,
 slow pairs interpolated, a ramp between, and an *attention factor* that
 multiplies ``cos`` and ``sin``) and ``"llama3"`` (Llama 3.1's band-wise rule).
 
-Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter 15,
+Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter 16,
 *Long contexts*.
 """
 
@@ -69,7 +69,7 @@ def rope_frequencies(
     ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]`` does.
 
     Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter
-    15, *Long contexts*.
+    16, *Long contexts*.
 
     Args:
         d_head: width of one head (even).
@@ -135,7 +135,7 @@ def apply_rope(
     does in one pass).
 
     Explained in chapter 10, *Attention in today's LLMs*; scaling in chapter
-    15, *Long contexts*.
+    16, *Long contexts*.
 
     Args:
         x: queries or keys, ``(..., L, d_head)`` with an even ``d_head``.

@@ -53,7 +53,7 @@ def scaled_dot_product_attention(
     Explained in chapter 1, *Queries, keys and values* (the whole formula, built
     by hand), and chapter 4, *The weighted sum*; the scores and the scale in
     chapter 2, *Scores and scaling*; the softmax in chapter 3, *Softmax*; the
-    masks in chapter 5, *Masking*; ``softcap`` and ``sink`` in chapter 14,
+    masks in chapter 5, *Masking*; ``softcap`` and ``sink`` in chapter 15,
     *Where attention goes*.
 
     **Mask semantics.** ``mask`` is a *keep-mask*: a bool ``True`` means "this

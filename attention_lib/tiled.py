@@ -258,7 +258,7 @@ def block_backward(
     key) gets zero gradients.
 
     The step behind the backward pass of chapter 11's ``tiled_attention``,
-    which it and the ring attention of chapter 13 call; no chapter calls it
+    which it and the ring attention of chapter 14 call; no chapter calls it
     directly.
 
     Args:

@@ -1,4 +1,4 @@
-"""Linear attention and the gated delta rule: one operator, three schedules (chapter 17).
+"""Linear attention and the gated delta rule: one operator, three schedules (chapter 18).
 
 Times ``linear_attention`` (quadratic, chunked, recurrent) and ``gated_delta_rule``
 (one chunk = the quadratic form, chunks of 64, token by token) on one sequence of N

@@ -4,7 +4,7 @@ machine's own, one thread per kernel, and compare with the stored outputs.
 Usage (from the repository root, inside the repository's virtual environment)::
 
     python tools/nbval_portable.py                        # `make nbval-portable`
-    python tools/nbval_portable.py book/16_latent_and_sparse_attention.ipynb
+    python tools/nbval_portable.py book/17_latent_and_sparse_attention.ipynb
     python tools/nbval_portable.py --native               # `make nbval`
 
 The notebooks were executed on one machine; a reader re-runs them on another, whose

@@ -34,7 +34,7 @@ The package, one concept per module (every name below is importable from
   :class:`Case`, :func:`run_cases`, :func:`reference`, :func:`gather` and the
   ``torchrun`` entry :func:`main`, which ``__main__`` calls).
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 # Re-exported: `from attention_lib.distributed import ...` reaches every public name.

@@ -1,4 +1,4 @@
-"""``python -m attention_lib.distributed`` (under ``torchrun``): chapter 13's check.
+"""``python -m attention_lib.distributed`` (under ``torchrun``): chapter 14's check.
 
 See :func:`attention_lib.distributed.cases.main` and the README.
 """

@@ -3,7 +3,7 @@
 The simple, exact baseline that ring attention improves on: ``O(N)`` K/V
 memory per rank.
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def allgather_attention(
     pass sends each rank's gradient of every shard to the shard's owner.
     Contiguous layout only.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args, returns, raises and shapes: as :func:`ring_attention`, without
     ``layout``.

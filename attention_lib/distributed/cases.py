@@ -1,11 +1,11 @@
-"""The check of chapter 13 and of ``torchrun -m attention_lib.distributed``.
+"""The check of chapter 14 and of ``torchrun -m attention_lib.distributed``.
 
 A :class:`Case` says which distributed attention to run on which inputs;
 :func:`run_cases` is the worker that runs cases on every rank,
 :func:`reference` the same case in one process, :func:`gather` joins the
 ranks' shards, and :func:`main` is the command-line check under ``torchrun``.
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Case:
     shard. :func:`run_cases` runs cases on the ranks, :func:`reference` computes
     the same case in one process with ``F.scaled_dot_product_attention``.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Attributes:
         method: ``"ring"``, ``"ulysses"`` or ``"allgather"``.
@@ -98,7 +98,7 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
     backward pass (between barriers, so the slowest rank's time). A case whose
     shards are refused gives ``{"error": message}`` and the group goes on.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
@@ -148,7 +148,7 @@ def reference(case: Case) -> dict[str, Tensor]:
     Returns the whole output and the gradients of q, k, v (``"out"``,
     ``"dq"``, ``"dk"``, ``"dv"``), the oracle for :func:`gather`.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
     """
     q, k, v, g = case.inputs()
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -160,7 +160,7 @@ def reference(case: Case) -> dict[str, Tensor]:
 def gather(case: Case, per_rank: Sequence[dict]) -> dict[str, Tensor]:
     """Join the ranks' shards of one case's output and gradients into whole tensors.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
     """
     return {name: case.merge([r[name] for r in per_rank]) for name in ("out", "dq", "dk", "dv")}
 

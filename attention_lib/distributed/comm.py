@@ -7,7 +7,7 @@ all-to-all), and the agreement of every rank on the shard shapes before any
 computation (:func:`join_group`), so that a bad split is refused on every
 rank at once.
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class CommStats:
     at once are summed at every step. Nothing is counted unless a ``CommStats``
     is passed in explicitly.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Attributes:
         bytes_sent: bytes this rank sent to other ranks (forward and backward

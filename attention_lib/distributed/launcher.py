@@ -4,7 +4,7 @@ For the book's notebook and the tests (gloo on the CPU, NCCL on GPUs, on
 127.0.0.1); under ``torchrun`` the processes exist already and
 :func:`~attention_lib.distributed.cases.main` joins their group instead.
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def launch(
     terminated and a ``TimeoutError`` is raised. An exception in a worker is
     raised here (``torch.multiprocessing.ProcessRaisedException``).
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args:
         worker: an importable function, run on every rank.

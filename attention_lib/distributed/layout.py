@@ -1,6 +1,6 @@
 """How a sequence is laid over the ranks: contiguous or zig-zag shards.
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def zigzag_split(x: Tensor, world_size: int, dim: int = -2) -> list[Tensor]:
     work (the layout of ring-flash-attention's zig-zag ring and of Brandon et
     al.'s striped attention, at chunk granularity).
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args:
         x: tensor with the sequence along ``dim``.
@@ -54,7 +54,7 @@ def zigzag_split(x: Tensor, world_size: int, dim: int = -2) -> list[Tensor]:
 def zigzag_merge(shards: Sequence[Tensor], dim: int = -2) -> Tensor:
     """Put zig-zag shards back in sequence order: the inverse of :func:`zigzag_split`.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args:
         shards: the ``P`` shards, in rank order.

@@ -5,7 +5,7 @@ Each rank folds every block that reaches it into an online softmax
 backward pass sends the blocks round again with their gradients, each block
 taking chapter 11's backward step (:func:`~attention_lib.tiled.block_backward`).
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def ring_blocks_per_rank(
     computes ``r + 1`` blocks; zig-zag evens this out to ``(2P + 1) / 4`` on
     every rank; without a mask every rank computes ``P``.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args:
         world_size: the number of ranks ``P``.
@@ -208,7 +208,7 @@ def ring_attention(
     ranks agree on their shard shapes (one small all-gather), so an uneven
     split is refused on every rank with the same message.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args:
         query: this rank's ``(B, H, N/P, D)`` shard of the queries.

@@ -1,6 +1,6 @@
 """DeepSpeed-Ulysses (Jacobs et al., 2023): from a sequence split to a head split and back.
 
-Explained in chapter 13, *Attention across machines*.
+Explained in chapter 14, *Attention across machines*.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def ulysses_attention(
     Runs in the caller's process group, like :func:`ring_attention`, and
     refuses an uneven split or ``H`` not divisible by ``P`` on every rank.
 
-    Explained in chapter 13, *Attention across machines*.
+    Explained in chapter 14, *Attention across machines*.
 
     Args:
         query: this rank's ``(B, H, N/P, D)`` shard of the queries

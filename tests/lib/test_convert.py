@@ -56,7 +56,7 @@ PREFIX = {
 }
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 150000.0}
 DYNAMIC_ROPE = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
-# chapter 15's scalings, with lengths at which they change the 11 positions of X
+# chapter 16's scalings, with lengths at which they change the 11 positions of X
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}
 LLAMA3_ROPE = {  # base 100: pair 0 kept, pair 1 on the ramp, pairs 2 and 3 / factor
     "rope_type": "llama3",
@@ -150,7 +150,7 @@ REPRODUCED = {  # id: (family, layer_idx, config options, what the module must h
         {"scale": 0.25, "window": None},
     ),
     "cohere-interleaved": ("cohere", 0, {}, {"rope_base": 500000.0}),
-    # chapter 15's RoPE scalings: linear, Llama 3.1's and YaRN (Qwen, DeepSeek)
+    # chapter 16's RoPE scalings: linear, Llama 3.1's and YaRN (Qwen, DeepSeek)
     "llama-linear-rope": (
         "llama",
         0,
@@ -180,7 +180,7 @@ REPRODUCED = {  # id: (family, layer_idx, config options, what the module must h
     ),
     "helium-interleaved": ("helium", 0, {}, {"rope_base": 100000.0}),
     "smollm3-nope-layer": ("smollm3", 3, {}, {"rope_base": None}),
-    # chapter 14's features: QK-norm, soft-capping, sinks
+    # chapter 15's features: QK-norm, soft-capping, sinks
     "qwen3-qk-norm": ("qwen3", 0, {}, {"softcap": None}),
     "gemma2-softcap": (
         "gemma2",

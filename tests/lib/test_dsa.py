@@ -1,4 +1,4 @@
-"""Chapter 16's DeepSeek Sparse Attention: the lightning indexer against 🤗
+"""Chapter 17's DeepSeek Sparse Attention: the lightning indexer against 🤗
 transformers' DeepseekV32Indexer (tiny random configs, nothing downloaded), the
 top-k tie-break, sparse against dense attention, and cached decoding."""
 

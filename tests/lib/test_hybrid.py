@@ -1,4 +1,4 @@
-"""Hybrid models (chapter 17): ``CausalLM(layer_types=[..., "linear", ...])``.
+"""Hybrid models (chapter 18): ``CausalLM(layer_types=[..., "linear", ...])``.
 
 A ``"linear"`` layer is a Gated DeltaNet (attention_lib.gated_deltanet, checked
 against Qwen3-Next's layer in test_linear_attention.py) in place of the attention

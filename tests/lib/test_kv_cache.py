@@ -62,7 +62,7 @@ def test_multi_head_attention_attends_to_cached_and_new_keys() -> None:
 def test_what_a_cache_keeps_is_keep_last_and_window_is_its_older_name() -> None:
     """Issue 34: ``window`` named two things, what a query of sliding-window
     attention sees and what a rolling cache keeps; the cache's is ``keep_last``,
-    and ``window`` (chapters 10 and 14) still reaches it."""
+    and ``window`` (chapters 10 and 15) still reaches it."""
     for cache in (KVCache(window=4, sink_tokens=1), KVCache(keep_last=4, sink_tokens=1)):
         assert (cache.keep_last, cache.window, cache.sink_tokens) == (4, 4, 1)
         assert repr(cache).startswith("KVCache(keep_last=4, sink_tokens=1,")

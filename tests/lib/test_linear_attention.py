@@ -1,4 +1,4 @@
-"""attention_lib.linear_attention and attention_lib.gated_deltanet (chapter 17).
+"""attention_lib.linear_attention and attention_lib.gated_deltanet (chapter 18).
 
 Oracles: the definitions written out (the masked matrix of linear attention,
 the delta rule one token at a time), and 🤗 transformers' own pure-PyTorch

@@ -1,4 +1,4 @@
-"""Chapter 16's multi-head latent attention (DeepSeek-V2/V3): parity with 🤗
+"""Chapter 17's multi-head latent attention (DeepSeek-V2/V3): parity with 🤗
 transformers' DeepseekV3Attention (tiny random configs, nothing downloaded), the
 absorbed form, the latent cache and the checks."""
 

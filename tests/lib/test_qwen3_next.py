@@ -1,4 +1,4 @@
-"""GatedDeltaNet with grouped heads and ``GatedDeltaNet.from_hf`` (chapter 17).
+"""GatedDeltaNet with grouped heads and ``GatedDeltaNet.from_hf`` (chapter 18).
 
 Oracle: 🤗 transformers 5.24's ``Qwen3NextGatedDeltaNet`` of a tiny random
 ``Qwen3NextConfig`` (nothing downloaded), called as ``Qwen3NextDecoderLayer``

@@ -1,4 +1,4 @@
-"""Sinks, soft-capping, QK-norm and output gates (chapter 14's options).
+"""Sinks, soft-capping, QK-norm and output gates (chapter 15's options).
 
 The converters' tests (test_convert.py) check them against the transformers layers
 that introduced them (gpt-oss sinks, Gemma 2 soft-capping, Qwen3 QK-norm); here:
