@@ -141,4 +141,4 @@ def test_the_order_check_sees_a_name_from_a_later_chapter():
     used = _library_names_used(code)
     assert {"tiled_attention", "generate", "causal_mask"} <= used
     first = _first_explained()
-    assert first["tiled_attention"] == 10 and first["causal_mask"] == 5
+    assert first["tiled_attention"] == 11 and first["causal_mask"] == 5
