@@ -71,6 +71,10 @@ def lib_backend(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, **kwargs) 
     return lib_attention(q, k, v, keep, **kwargs)[0]  # (B, H, Lq, d_k)
 
 
+_TOP_LEFT = Causal()
+"""The causal mask ``F.scaled_dot_product_attention(is_causal=True)`` builds itself."""
+
+
 def torch_backend(
     q: Tensor,
     k: Tensor,
@@ -91,7 +95,7 @@ def torch_backend(
     share each key/value head among its query heads without a copy (5-D
     inputs would send it to a slow path that builds the scores, N^2 memory).
     """
-    fast_causal = causal == Causal() and keep is None
+    fast_causal = causal == _TOP_LEFT and keep is None
     if not fast_causal:
         keep = with_causal(keep, q.shape[-2], k.shape[-2], causal, q.device)
     return F.scaled_dot_product_attention(

@@ -194,7 +194,9 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to every position of ``x`` (``(..., d_model)``). A building
         block: no checks."""
-        hidden = self.dropout(self.activation(self.linear1(x)))  # (..., d_ff)
+        hidden = self.activation(self.linear1(x))  # (..., d_ff)
+        if self.training:  # nn.Dropout is the identity in eval(): not called then
+            hidden = self.dropout(hidden)
         return self.linear2(hidden)  # (..., d_model)
 
 
@@ -370,17 +372,19 @@ class EncoderLayer(nn.Module):
         """``x + attn``, then ``x + ffn(norm2(x))``, each sublayer's output
         normalised first in a sandwich block; with the weights if given.
         Post-LN: ``norm1(x + attn)``, then ``norm2(x + ffn(x))``."""
+        drop = self.training  # nn.Dropout is the identity in eval(): not called then
         if self.norm_placement == "post":
-            x = self.norm1(x + self.dropout1(attn))  # (B, L, d)
-            x = self.norm2(x + self.dropout2(self.ffn(x)))  # (B, L, d)
+            x = self.norm1(x + (self.dropout1(attn) if drop else attn))  # (B, L, d)
+            out = self.ffn(x)
+            x = self.norm2(x + (self.dropout2(out) if drop else out))  # (B, L, d)
             return x if weights is None else (x, weights)
         if self.post_norm1 is not None:
             attn = self.post_norm1(attn)
-        x = x + self.dropout1(attn)
+        x = x + (self.dropout1(attn) if drop else attn)
         out = self.ffn(self.norm2(x))  # (B, L, d)
         if self.post_norm2 is not None:
             out = self.post_norm2(out)
-        x = x + self.dropout2(out)  # (B, L, d)
+        x = x + (self.dropout2(out) if drop else out)  # (B, L, d)
         return x if weights is None else (x, weights)
 
     def make_cache(self) -> Any:

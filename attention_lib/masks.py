@@ -224,7 +224,11 @@ def with_causal(
         return keep
     offset, window, chunk = causal
     last = q_len - 1 + offset  # key position of the last query
-    if offset >= k_len - 1 and all(n is None or last < n for n in (window, chunk)):
+    if (
+        offset >= k_len - 1
+        and (window is None or last < window)
+        and (chunk is None or last < chunk)
+    ):
         return keep  # every query sees every key: e.g. one new token after its cache
     mask = _causal(q_len, k_len, causal, device if keep is None else keep.device)  # (Lq, Lk)
     return mask if keep is None else keep & mask  # (..., Lq, Lk)

@@ -439,7 +439,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         Explained in chapter 9, *Attention that writes*.
         """
         past = 0 if cache is None else len(cache)
-        keep = step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L) or None
+        keep = None if step.keep is None else step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L)
         causal = Causal(past, self.window, self.chunk_size) if step.causal else None
         angles = None
         if self.rope_base is not None:
