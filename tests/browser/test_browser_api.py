@@ -104,7 +104,7 @@ def test_the_check_finds_a_plain_chapter_number() -> None:
     note = BeautifulSoup(
         '<p class="afs-docstring">Explained in <a href="06_multi_head.html">chapter 6</a>, '
         "<em>Multi-head</em>; backends in chapters 9 and "
-        '<a href="11_efficient_attention.html#x">10</a>.</p>',
+        '<a href="11_efficient_attention.html#x">11</a>.</p>',
         "html.parser",
     ).p
     assert unlinked(note, "http://book/book/api.html") == ["chapter 9"]
