@@ -266,11 +266,15 @@ class AttentionConverters:
         interleaved RoPE with the default, ``"linear"``, ``"yarn"`` or ``"llama3"``
         frequencies (Llama 3.1's and YaRN's scalings are reproduced, chapter 16;
         ``"dynamic"``, whose speeds depend on the length of each call and on the
-        lengths the model saw before, is refused, as are ``partial_rotary_factor``
-        and any other ``rope_type``), a bias in some projections only (Qwen2), and
-        bidirectional attention (``is_causal=False``). A head width other than
-        ``hidden_size // num_attention_heads`` (Qwen3, Gemma 3) is reproduced
-        (``head_dim``), and so is Gemma 3's QK-norm, whose weight is ``1 + w``.
+        lengths the model saw before, is refused, as is any other ``rope_type``),
+        a bias in some projections only (Qwen2), and bidirectional attention
+        (``is_causal=False``). A head width other than ``hidden_size //
+        num_attention_heads`` (Qwen3, Gemma 3) is reproduced (``head_dim``), and
+        so are Gemma 3's QK-norm, whose weight is ``1 + w``, and Qwen3-Next's
+        full-attention layer (chapter 20): its partial RoPE
+        (``partial_rotary_factor``, as ``rope_dim``) and its output gate, a
+        ``q_proj`` twice as wide whose second half of each head's rows becomes
+        ``W_g``.
 
         Explained in chapter 10, *Attention in today's LLMs*.
 
@@ -298,11 +302,14 @@ class AttentionConverters:
             what = "a transformers attention layer like LlamaAttention (q/k/v/o_proj, a config)"
             raise TypeError(f"module must be {what}, got {name}")
         heads, d_model = config.num_attention_heads, config.hidden_size
-        head_dim = module.q_proj.out_features // heads
+        head_dim = getattr(module, "head_dim", None) or module.q_proj.out_features // heads
+        gate = module.q_proj.out_features == 2 * heads * head_dim  # Qwen3-Next: query + gate
         rope = config.rope_parameters or {}
         rope = rope.get(getattr(module, "layer_type", None), rope)  # one per layer type (Gemma 3)
         uses_rope = bool(getattr(module, "use_rope", True))  # SmolLM3: 0 in its NoPE layers
-        layout = _rope_layout(module, head_dim) if uses_rope else None
+        partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        rope_dim = int(head_dim * (partial or 1.0))  # Qwen3-Next: a quarter of each head
+        layout = _rope_layout(module, head_dim, rope_dim) if uses_rope else None
         biased = [n for n in _PROJECTIONS if getattr(module, n).bias is not None]
         offsets = {
             rms_norm_offset(getattr(module, n, None), head_dim) for n in ("q_norm", "k_norm")
@@ -317,12 +324,7 @@ class AttentionConverters:
             module, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None)
         )
         rope_scaling, scaled = _rope_scaling(rope)  # linear, YaRN and Llama 3.1's (chapter 16)
-        default_rope = (
-            scaled
-            and "rope_theta" in rope
-            and rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-            == 1
-        )
+        default_rope = scaled and "rope_theta" in rope and 2 <= rope_dim <= head_dim
         refused = {  # a feature MultiHeadAttention does not compute -> what the layer has, if it has it
             "submodules or parameters besides the projections, a per-head RMS QK-norm and sinks": (
                 extras + [n for n, _ in module.named_parameters(recurse=False) if n not in ours_too]
@@ -362,6 +364,8 @@ class AttentionConverters:
             softcap=None if softcap is None else float(softcap),
             sink=sink,
             head_dim=None if head_dim * heads == d_model else head_dim,
+            rope_dim=rope_dim if uses_rope and rope_dim < head_dim else None,
+            gate=gate,
             device=weight.device,
             dtype=weight.dtype,
         )
@@ -373,9 +377,14 @@ class AttentionConverters:
         with torch.no_grad():
             for linear, name in zip((ours.W_q, ours.W_k, ours.W_v, ours.W_o), _PROJECTIONS):
                 theirs, order = getattr(module, name), rows.get(name, slice(None))
-                linear.weight.copy_(theirs.weight[order])
-                if theirs.bias is not None:
-                    linear.bias.copy_(theirs.bias[order])
+                for kind in ("weight", "bias"):
+                    param = getattr(theirs, kind)
+                    if param is not None and gate and name == "q_proj":  # per head: query, gate
+                        param, gated = param.unflatten(0, (heads, 2, head_dim)).unbind(1)
+                        getattr(ours.W_g, kind).copy_(gated.flatten(0, 1))
+                        param = param.flatten(0, 1)  # (heads * head_dim, ...)
+                    if param is not None:
+                        getattr(linear, kind).copy_(param[order])
             if qk_norm:  # one head's coordinates, in the order of W_q's rows
                 (offset,) = offsets
                 coordinates = _head_rows(1, head_dim, interleaved)
@@ -444,7 +453,7 @@ def rms_norm_offset(norm: nn.Module | None, dim: int) -> float | None:
     return None
 
 
-def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
+def _rope_layout(module: nn.Module, head_dim: int, rope_dim: int | None = None) -> str | None:
     """The RoPE layout of the rotation a transformers layer applies:
     ``"rotate-half"`` (🤗 transformers' Llama), ``"interleaved"`` (Cohere, Helium), or ``None``
     if it is neither or cannot be found.
@@ -453,24 +462,29 @@ def _rope_layout(module: nn.Module, head_dim: int) -> str | None:
     which takes ``cos`` and ``sin`` from its model's rotary embedding, each
     angle once per pair of the layout (``cat``) or repeated (Cohere's
     ``repeat_interleave``). The probe feeds the function both and compares
-    with :func:`~attention_lib.apply_rope`'s two layouts.
+    with :func:`~attention_lib.apply_rope`'s two layouts, on the first
+    ``rope_dim`` coordinates of each head (partial RoPE; all by default).
     """
+    rope_dim = head_dim if rope_dim is None else rope_dim
     forward = inspect.unwrap(type(module).forward)
     rotate = getattr(forward, "__globals__", {}).get("apply_rotary_pos_emb")
     names = getattr(getattr(forward, "__code__", None), "co_names", ())
-    if rotate is None or "apply_rotary_pos_emb" not in names or head_dim % 2:
+    if rotate is None or "apply_rotary_pos_emb" not in names or rope_dim % 2 or rope_dim < 2:
         return None
     x = torch.randn(1, 1, 4, head_dim, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([3, 50, 700, 9000])
-    angles = positions[:, None] * rope_frequencies(head_dim)[0]  # (4, head_dim / 2), float64
+    angles = positions[:, None] * rope_frequencies(rope_dim)[0]  # (4, rope_dim / 2), float64
     # cos/sin once per pair of the layout (cat), repeated (Cohere), or half-width (gpt-oss)
     for angle in (torch.cat([angles, angles], -1), angles.repeat_interleave(2, -1), angles):
         try:
             turned, _ = rotate(x, x, angle.cos().float()[None], angle.sin().float()[None])
         except (TypeError, ValueError, RuntimeError):  # not this width, or not Llama's arguments
             continue
-        for layout in ("rotate-half", "interleaved"):
-            expected = apply_rope(x, positions, interleaved=layout == "interleaved")
+        for layout in ("rotate-half", "interleaved")[: 1 + (rope_dim == head_dim)]:
+            turned_part = apply_rope(  # the rest keeps its coordinates (partial RoPE)
+                x[..., :rope_dim], positions, interleaved=layout == "interleaved"
+            )
+            expected = torch.cat([turned_part, x[..., rope_dim:]], dim=-1)
             if torch.allclose(turned, expected, rtol=0, atol=1e-5):
                 return layout
     return None

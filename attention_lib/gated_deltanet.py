@@ -287,12 +287,18 @@ class GatedDeltaNet(nn.Module):
     ) -> Tensor:
         """Mix the new tokens ``x`` as a decoder's token mixer (the protocol of
         :mod:`attention_lib.protocols`); no checks. Always causal, no positions;
-        a padding keep-mask or ``need_weights`` raise ``ValueError``.
+        ``need_weights`` raises ``ValueError``. A padding keep-mask zeroes the
+        padded tokens' inputs, as transformers' Qwen3-Next does: a zero input
+        writes nothing into a zero state, so a left-padded sequence computes
+        what it computes alone (chapter 20).
 
         Explained in chapter 18, *Attention without softmax*.
         """
-        if need_weights or step.keep is not None or not step.causal:
-            raise ValueError("GatedDeltaNet mixes x causally with itself: no mask, no weights")
+        if need_weights or not step.causal:
+            raise ValueError("GatedDeltaNet mixes x causally with itself: no weights")
+        keep = step.keep_for(x.shape[1])  # (B, 1, 1, L) or None
+        if keep is not None:
+            x = x * keep[:, 0, 0, :, None].to(x.dtype)  # (B, L, d_model), padding zeroed
         return self._mix(x, cache)
 
     def check_cache(

@@ -14,8 +14,10 @@ its own RoPE base, as Gemma 3's 10k local and 1M global layers, or
 ``"mla"``), so ``model.layer_specs`` is the model's table of layers.
 
 What is read is what the model *has* (its submodules, probed on inputs), not
-its class name. Whatever this package does not compute (a mixture-of-experts
-MLP, a linear-attention layer, a norm or an activation of another kind, an
+its class name. Qwen3-Next's linear layers become
+:class:`~attention_lib.gated_deltanet.GatedDeltaNet` s
+(``GatedDeltaNet.from_hf``, ``"linear"`` layers). Whatever this package does
+not compute (a mixture-of-experts MLP, a norm or an activation of another kind, an
 attention layer that ``MultiHeadAttention.from_hf`` refuses, a decoder layer
 with other sublayers) is refused with a ``ValueError`` that names it; and the
 finished model is run once against the original on a short probe
@@ -36,6 +38,7 @@ from torch import Tensor, nn
 
 from .blocks import BlockSpec
 from .convert import rms_norm_offset
+from .gated_deltanet import GatedDeltaNet
 from .layer_types import LayerSpec
 from .mha import MultiHeadAttention
 from .mla import MultiHeadLatentAttention
@@ -75,13 +78,14 @@ class DecoderConverters:
         text model (5 sliding : 1 full layers with their two RoPE bases,
         ``1 + w`` RMSNorms, sandwich norms, GeGLU, embedding scale, tied
         embeddings), Gemma 2 (attention and final logit soft-capping), SmolLM3
-        (NoPE layers) and DeepSeek-V3 with dense layers (MLA with YaRN).
+        (NoPE layers), DeepSeek-V3 with dense layers (MLA with YaRN) and
+        Qwen3-Next with dense MLPs (3 Gated DeltaNet layers : 1 full layer with
+        partial RoPE, an output gate and ``1 + w`` norms).
         In float32 the logits agree to about ``1e-6``; in float64 to about
         ``1e-7`` only, because transformers computes its RoPE tables (and
         Gemma its norms) in float32 whatever the model's dtype.
 
-        Refused, by name: a linear-attention layer (Qwen3-Next's Gated
-        DeltaNet), DeepSeek-V3.2's indexer, a decoder layer whose sublayers
+        Refused, by name: DeepSeek-V3.2's indexer, a decoder layer whose sublayers
         are not those of a pre-norm or a sandwich block (a mixture-of-experts
         MLP, ...); an MLP that is not a gated MLP without
         biases with SiLU or tanh-GELU; norms that are not RMSNorms of one form and
@@ -132,7 +136,8 @@ class DecoderConverters:
         ours = cls(
             embedding.num_embeddings,
             d_model,
-            mixers[0].num_heads,  # each layer's own attention replaces the one built here
+            next(m.num_heads for m in mixers if not isinstance(m, GatedDeltaNet)),  # each layer's
+            # own mixer replaces the one built here
             len(layers),
             max_len=max_len or int(getattr(config, "max_position_embeddings", 2048)),
             d_ff=d_ff,
@@ -163,18 +168,15 @@ class DecoderConverters:
 
 def _attention(
     layer: nn.Module, index: int, backend: str
-) -> MultiHeadAttention | MultiHeadLatentAttention:
-    """Layer ``index``'s attention: ``MultiHeadAttention.from_hf``, or
+) -> MultiHeadAttention | MultiHeadLatentAttention | GatedDeltaNet:
+    """Layer ``index``'s token mixer: ``MultiHeadAttention.from_hf``,
     ``MultiHeadLatentAttention.from_hf`` for DeepSeek's latent layers (those
-    with a ``kv_b_proj``; without DeepSeek-V3.2's indexer)."""
+    with a ``kv_b_proj``; without DeepSeek-V3.2's indexer), or
+    ``GatedDeltaNet.from_hf`` for Qwen3-Next's linear layers (``linear_attn``)."""
     attention = getattr(layer, "self_attn", None)
     linear = getattr(layer, "linear_attn", None)
-    if linear is not None:  # Qwen3-Next: GatedDeltaNet.from_hf converts the layer, not yet the
-        name = type(linear).__name__  # model (its full layers' partial RoPE, its q_proj gate)
-        raise ValueError(
-            f"cannot convert layer {index}, a linear-attention layer ({name}): a model with "
-            "them is not assembled yet (GatedDeltaNet.from_hf converts the layer alone)"
-        )
+    if linear is not None and attention is None:  # Qwen3-Next's Gated DeltaNet (chapter 18)
+        return GatedDeltaNet.from_hf(linear)  # or its ValueError, naming what it cannot compute
     if attention is None:
         children = sorted(name for name, _ in layer.named_children())
         raise ValueError(f"cannot convert layer {index}: no self_attn (it has {children})")
@@ -191,6 +193,8 @@ def _attention(
 def _block(layer: nn.Module, index: int, d_model: int) -> tuple[BlockSpec, int]:
     """The :class:`BlockSpec` and ``d_ff`` of a decoder layer, or a ``ValueError``."""
     children = {name for name, _ in layer.named_children()}
+    if "linear_attn" in children and "self_attn" not in children:  # a linear layer's mixer
+        children = children - {"linear_attn"} | {"self_attn"}
     if children not in (_PRE_NORM, _SANDWICH):
         mlp = type(getattr(layer, "mlp", None)).__name__
         raise ValueError(
@@ -258,10 +262,13 @@ def _embedding_scale(embedding: nn.Embedding) -> float | None:
     raise ValueError(f"cannot convert the embedding, a {type(embedding).__name__}: not a lookup")
 
 
-def _spec(mixer: MultiHeadAttention | MultiHeadLatentAttention) -> LayerSpec:
+def _spec(mixer: MultiHeadAttention | MultiHeadLatentAttention | GatedDeltaNet) -> LayerSpec:
     """The :class:`LayerSpec` that builds a module like ``mixer`` (an MLA
-    layer's without its RoPE scaling, which the layer table does not pass:
-    the converted module, which replaces the one built, has it)."""
+    layer's without its RoPE scaling, a linear layer's without its sizes,
+    which the layer table does not pass: the converted module, which replaces
+    the one built, has them)."""
+    if isinstance(mixer, GatedDeltaNet):
+        return LayerSpec("linear")
     if isinstance(mixer, MultiHeadLatentAttention):
         sizes = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
         sizes += ("q_lora_rank", "rope_base", "scale")
@@ -276,6 +283,8 @@ def _spec(mixer: MultiHeadAttention | MultiHeadLatentAttention) -> LayerSpec:
         "sink": mixer.sink is not None,
         "bias": mixer.W_q.bias is not None,
         "head_dim": mixer.d_k,
+        "gate": mixer.W_g is not None,
+        "rope_dim": None if mixer.rope_dim == mixer.d_k else mixer.rope_dim,
     }
     if mixer.window is not None:
         return LayerSpec("sliding", window=mixer.window, **options)

@@ -129,6 +129,11 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             num_heads`` (Qwen3, Gemma 3): ``W_q`` then has ``num_heads *
             head_dim`` outputs and ``W_o`` as many inputs. ``None`` (default)
             for ``d_model // num_heads``.
+        rope_dim: partial RoPE (Qwen3-Next, a quarter of each head): with
+            ``rope_base``, only the first ``rope_dim`` coordinates of each
+            query and key head turn, at the speeds of a head of width
+            ``rope_dim``; the others carry no position (chapter 20). ``None``
+            (default) for all ``d_k``.
         device: device of the parameters.
         dtype: dtype of the parameters.
 
@@ -142,6 +147,8 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         num_kv_heads: number of key/value heads ``H_kv``.
         d_k: width of one head, ``d_model // num_heads``.
         rope_base: the RoPE base, or ``None``.
+        rope_dim: the coordinates of each head that RoPE turns (``d_k`` unless
+            partial).
         rope_scaling: the RoPE scaling dict, or ``None``.
         scale: the scores' multiplier, or ``None`` for ``1 / sqrt(d_k)``.
         window: the sliding window, or ``None``.
@@ -196,6 +203,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         sink: bool = False,
         gate: bool = False,
         head_dim: int | None = None,
+        rope_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -214,7 +222,12 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         width = num_heads * self.d_k  # the heads' concatenated width (d_model by default)
         if rope_base is not None:
             rope_base = check_base(rope_base)
-            check_d_head(self.d_k, name="d_k = d_model // num_heads (with rope_base)")
+            check_d_head(rope_dim or self.d_k, name="d_k = d_model // num_heads or rope_dim")
+        self.rope_dim = self.d_k if rope_dim is None else rope_dim
+        if not 0 < self.rope_dim <= self.d_k or (rope_dim and rope_base is None):
+            raise ValueError(
+                f"rope_dim must be in (0, d_k={self.d_k}], with a rope_base: {rope_dim}"
+            )
         self.rope_base = rope_base
         if rope_scaling is not None and rope_base is None:
             raise ValueError(f"rope_scaling={rope_scaling} needs a rope_base")
@@ -278,6 +291,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             "sink": self.sink is not None or None,
             "gate": self.W_g is not None or None,
             "head_dim": None if self.d_k * self.num_heads == self.d_model else self.d_k,
+            "rope_dim": None if self.rope_dim == self.d_k else self.rope_dim,
         }
         shown = [f"{k}={v!r}" for k, v in options.items() if v is not None]
         return ", ".join([f"d_model={self.d_model}, num_heads={self.num_heads}", *shown])
@@ -420,8 +434,12 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         angles = None
         if self.rope_base is not None:
             angles = rope_cos_sin(
-                positions, self.d_k, base=self.rope_base, dtype=query.dtype, scaling=self._scaling
-            )  # (.., L, d_k / 2) each
+                positions,
+                self.rope_dim,
+                base=self.rope_base,
+                dtype=query.dtype,
+                scaling=self._scaling,
+            )  # (.., L, rope_dim / 2) each
         return self._attend(query, key, value, keep, causal, need_weights, kv_cache, angles)
 
     def mix(
@@ -443,7 +461,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         causal = Causal(past, self.window, self.chunk_size) if step.causal else None
         angles = None
         if self.rope_base is not None:
-            angles = step.rope(self.d_k, self.rope_base, x.dtype, self._scaling)
+            angles = step.rope(self.rope_dim, self.rope_base, x.dtype, self._scaling)
         return self._attend(x, x, x, keep, causal, need_weights, cache, angles)
 
     def check_cache(
@@ -541,10 +559,17 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
 
     def _rotate(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """RoPE on queries ``(B, H, Lq, d_k)`` and keys ``(B, H_kv, Lk, d_k)`` with the
-        ``cos``/``sin`` ``(L, d_k / 2)`` or ``(B, L, d_k / 2)`` of their positions
-        (the first ``Lq``/``Lk`` of them)."""
-        q_len, k_len = q.shape[-2], k.shape[-2]
+        ``cos``/``sin`` ``(L, r / 2)`` or ``(B, L, r / 2)`` of their positions
+        (the first ``Lq``/``Lk`` of them), ``r = rope_dim``: partial RoPE turns
+        the first ``r`` coordinates of each head and keeps the others."""
+        q_len, k_len, r = q.shape[-2], k.shape[-2], self.rope_dim
         if cos.dim() == 3:  # per-sequence positions: broadcast over the heads
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d_k / 2)
-        q = rotate_pairs(q, cos[..., :q_len, :], sin[..., :q_len, :])  # (B, H, Lq, d_k)
-        return q, rotate_pairs(k, cos[..., :k_len, :], sin[..., :k_len, :])  # (B, H_kv, Lk, d_k)
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, r / 2)
+        turned = [
+            rotate_pairs(t[..., :r], cos[..., :n, :], sin[..., :n, :])  # (B, H or H_kv, n, r)
+            for t, n in ((q, q_len), (k, k_len))
+        ]
+        if r == self.d_k:
+            return turned[0], turned[1]
+        # partial RoPE (Qwen3-Next): the other d_k - r coordinates carry no position
+        return torch.cat([turned[0], q[..., r:]], -1), torch.cat([turned[1], k[..., r:]], -1)

@@ -77,8 +77,11 @@ def test_what_a_linear_layer_cannot_do_is_refused() -> None:
     lm, tokens = model(), torch.randint(0, 13, (2, 5))
     with pytest.raises(ValueError, match="no weights"):
         lm(tokens, need_weights=True)
-    with pytest.raises(ValueError, match="no mask"):
-        lm(tokens, mask=torch.ones(2, 5, dtype=torch.bool))
+    padded = torch.cat([torch.zeros(2, 3, dtype=tokens.dtype), tokens], dim=1)  # left padding
+    keep = torch.arange(8) >= 3  # (8,): the padding is zeroed, so it writes nothing
+    positions = (torch.arange(8) - 3).clamp(min=0)
+    alone, got = lm(tokens), lm(padded, mask=keep.expand(2, 8), positions=positions)
+    assert (got[:, 3:] - alone).abs().max() < 1e-5  # a left-padded row computes what it alone does
     full_cache = KVCache()
     model(["full"] * 4)(tokens, cache=full_cache)  # a cache of another model's layers
     with pytest.raises(ValueError, match="layer_types"):
@@ -87,14 +90,13 @@ def test_what_a_linear_layer_cannot_do_is_refused() -> None:
 
 def test_chunked_attention_is_decided_by_the_layer_types() -> None:
     # A linear layer has a chunk of its own (the delta rule's), which is not
-    # chunked attention: the padding mask is refused by the layer ("no mask"),
-    # not as chunked attention; a model without layer_types and with chunk_size
+    # chunked attention: the padding mask is not refused as chunked attention;
+    # a model without layer_types and with chunk_size
     # has chunked attention in every layer.
     tokens, mask = torch.randint(0, 13, (2, 5)), torch.ones(2, 5, dtype=torch.bool)
     lm = model(["linear", "full"], chunk_size=4)  # no 'chunked' layer: span unused
     assert lm.blocks.layers[0].self_attn.chunk_size == 64
-    with pytest.raises(ValueError, match="no mask"):
-        lm(tokens, mask=mask)
+    assert lm(tokens, mask=mask).shape == (2, 5, 13)
     torch.manual_seed(0)
     everywhere = CausalLM(13, 32, 2, 2, max_len=64, chunk_size=4).eval()
     with pytest.raises(ValueError, match="chunked layers"):

@@ -12,7 +12,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3MLP, Gemma3RMSNorm
 from transformers.models.llama.configuration_llama import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from attention_lib import CausalLM, GatedDeltaNet, KVCache, MultiHeadAttention, generate
+from attention_lib import CausalLM, KVCache, MultiHeadAttention, generate
 from attention_lib.blocks import BlockSpec, GatedMLP, RMSNorm
 
 # --- the blocks ------------------------------------------------------------------------
@@ -145,6 +145,15 @@ GEMMA2_CAPS = {  # small caps, reached by logits of order 1
     "final_logit_softcapping": 3.0,
     "attn_logit_softcapping": 5.0,
 }
+QWEN3_NEXT = {  # 3 Gated DeltaNet : 1 full layer (partial RoPE, output gate), MLPs dense
+    "num_hidden_layers": 4,
+    "head_dim": 16,  # RoPE turns 4 of its 16 coordinates (partial_rotary_factor 0.25)
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "mlp_only_layers": [0, 1, 2, 3],
+}
 FAMILIES = {  # id: (config class, options); every window and scaling is reached below
     "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
@@ -155,6 +164,7 @@ FAMILIES = {  # id: (config class, options); every window and scaling is reached
         "DeepseekV3Config",
         {**MLA, "num_key_value_heads": 4, "rope_parameters": DEEPSEEK_YARN},
     ),
+    "qwen3_next": ("Qwen3NextConfig", QWEN3_NEXT),
 }
 
 
@@ -237,6 +247,12 @@ def test_cached_decoding_equals_the_full_pass(pair):
 
 DYNAMIC = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
 GRANITE = {"embedding_multiplier": 2.0, "logits_scaling": 4.0, "residual_multiplier": 0.5}
+QWEN3_NEXT_MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 16,
+}
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1}
 REFUSED = {  # id: (family, its options, a keyword of the message, the family without it)
     "moe-layer": (
@@ -254,6 +270,12 @@ REFUSED = {  # id: (family, its options, a keyword of the message, the family wi
     "qkv-bias-only": ("Qwen2Config", {}, "bias in some projections", ("LlamaConfig", {})),
     "mlp-bias": ("LlamaConfig", {"mlp_bias": True}, "biases", ("LlamaConfig", {})),
     "exact-gelu": ("LlamaConfig", {"hidden_act": "gelu"}, "activation", ("LlamaConfig", {})),
+    "qwen3-next-moe": (  # its last layer's MLP a mixture of experts (as published)
+        "Qwen3NextConfig",
+        {**QWEN3_NEXT, "mlp_only_layers": [0, 1, 2], **QWEN3_NEXT_MOE},
+        "mixture-of-experts",
+        ("Qwen3NextConfig", QWEN3_NEXT),
+    ),
     "granite-multipliers": (  # no submodule shows them: the probe run refuses
         "GraniteConfig",
         {**GRANITE, "attention_multiplier": 0.25},
@@ -279,26 +301,30 @@ def test_refusals_name_the_feature_and_the_feature_matters(case):
         assert (featured(ids[2:]).logits - without).abs().max() > 1e-3  # it matters
 
 
-def test_refuses_qwen3_next_linear_attention_layers():
-    qwen3_next = hf_model(
-        "Qwen3NextConfig",
-        num_hidden_layers=4,  # 3 linear : 1 full, every MLP dense
-        head_dim=8,
-        linear_num_value_heads=4,
-        linear_num_key_heads=2,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-        mlp_only_layers=[0, 1, 2, 3],
-    )
-    with pytest.raises(ValueError, match="linear-attention layer"):
-        CausalLM.from_hf(qwen3_next)
-    linear = qwen3_next.model.layers[0].linear_attn  # the layer alone converts (2 q/k, 4 v heads)
-    x = torch.randn(1, 5, qwen3_next.config.hidden_size)
+def test_qwen3_next_full_layer_partial_rope_and_output_gate():
+    """Qwen3-Next's full layer alone equals transformers' (called as its model
+    calls it), and both of what it adds to Qwen3's layer matter."""
+    qwen3_next = hf_model("Qwen3NextConfig", **QWEN3_NEXT)
+    theirs = qwen3_next.model.layers[3].self_attn
+    ours = MultiHeadAttention.from_hf(theirs)
+    assert (ours.rope_dim, ours.d_k, ours.W_g.out_features) == (4, 16, 4 * 16)
+    torch.manual_seed(2)
+    x, positions = torch.randn(2, 11, 32), torch.arange(11)[None]
+    causal = torch.full((11, 11), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
-        expected = linear(hidden_states=x, cache=None, attention_mask=None)
-        torch.testing.assert_close(GatedDeltaNet.from_hf(linear)(x), expected)
-    with pytest.raises(ValueError, match="RoPE"):  # its full layers: partial RoPE
-        MultiHeadAttention.from_hf(qwen3_next.model.layers[3].self_attn)
+        angles = qwen3_next.model.rotary_emb(x, positions)
+        expected, _ = theirs(hidden_states=x, position_embeddings=angles, attention_mask=causal)
+        assert (ours(x, x, x, is_causal=True) - expected).abs().max() < 1e-5
+        ours.rope_dim = ours.d_k  # RoPE over the whole head: another layer
+        assert (ours(x, x, x, is_causal=True) - expected).abs().max() > 1e-3
+        ours.rope_dim, gate = 4, ours.W_g
+        ours.W_g = None  # no output gate: another layer
+        assert (ours(x, x, x, is_causal=True) - expected).abs().max() > 1e-3
+        ours.W_g = gate
+    with pytest.raises(ValueError, match="rope_dim"):
+        MultiHeadAttention(32, 4, rope_base=1e4, rope_dim=3)
+    with pytest.raises(ValueError, match="rope_dim"):
+        MultiHeadAttention(32, 4, rope_dim=4)  # without RoPE
 
 
 def test_refuses_what_is_not_a_decoder():
