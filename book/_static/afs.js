@@ -152,7 +152,7 @@ document.addEventListener("DOMContentLoaded", () => {
   };
   document.querySelectorAll(".afs-explorer input.afs-slider").forEach((slider) => {
     const position = slider.parentNode.querySelector(".afs-position");
-    if (!position) return;
+    if (!position || +slider.max - +slider.min === 1) return;  // a toggle (below)
     const show = () => { position.textContent = stop(slider); };
     show();
     slider.addEventListener("input", show);  // after the explorer's own oninput
@@ -167,6 +167,91 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     slider.after(list);
     slider.setAttribute("list", list.id);
+  });
+});
+
+// A slider with two stops is an either/or choice (chapter 14's layout: contiguous or
+// zigzag): it is shown as a toggle of two buttons named by the two values (issue 44, item
+// 5). The slider stays in the page, hidden, and the toggle moves it (its input event shows
+// the frame and the label, as a drag would). Each value's name is the part in which the
+// labels of its two frames differ ("step = 1, layout = contiguous" / "... = zigzag"), else
+// its stop number. The buttons form a radio group: arrow keys switch, Tab leaves it.
+document.addEventListener("DOMContentLoaded", () => {
+  const word = /[\p{L}\p{N}_]/u;
+  const differ = (a, b) => {
+    let start = 0;
+    while (start < a.length && start < b.length && a[start] === b[start]) start++;
+    while (start > 0 && word.test(a[start - 1]) && (word.test(a[start] ?? "")
+      || word.test(b[start] ?? ""))) start--;  // whole words
+    let end = 0;
+    while (end < a.length - start && end < b.length - start
+      && a[a.length - 1 - end] === b[b.length - 1 - end]) end++;
+    while (end > 0 && word.test(a[a.length - end]) && (word.test(a[a.length - 1 - end] ?? "")
+      || word.test(b[b.length - 1 - end] ?? ""))) end--;
+    return [a.slice(start, a.length - end).trim(), b.slice(start, b.length - end).trim()];
+  };
+  let count = 0;
+  document.querySelectorAll(".afs-explorer").forEach((explorer) => {
+    const sliders = [...explorer.querySelectorAll("input.afs-slider")];
+    const frameAt = (slider, value) => {  // row-major over the sliders, as the explorer
+      let index = 0;
+      for (const s of sliders) index = index * (+s.max + 1) + (s === slider ? value : +s.value);
+      return explorer.querySelector(`img.afs-frame[data-index="${index}"]`);
+    };
+    sliders.filter((s) => +s.max - +s.min === 1).forEach((slider) => {
+      const control = slider.closest(".afs-control");
+      const labels = [0, 1].map((v) => frameAt(slider, +slider.min + v)?.dataset.label ?? "");
+      let names = differ(...labels);
+      if (!names[0] || !names[1] || names.some((n) => n.length > 24)) names = ["1", "2"];
+      const toggle = document.createElement("div");
+      toggle.className = "afs-control afs-toggle";
+      const name = document.createElement("span");
+      name.className = "afs-name";
+      name.id = `afs-toggle-${count++}`;
+      name.textContent = slider.dataset.param;
+      const group = document.createElement("div");
+      group.className = "afs-toggle-group";
+      group.setAttribute("role", "radiogroup");
+      group.setAttribute("aria-labelledby", name.id);
+      const buttons = names.map((text, v) => {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = "afs-toggle-option";
+        button.setAttribute("role", "radio");
+        button.dataset.value = String(+slider.min + v);
+        button.textContent = text;
+        group.appendChild(button);
+        return button;
+      });
+      const show = () => buttons.forEach((b) => {
+        const on = b.dataset.value === slider.value;
+        b.setAttribute("aria-checked", String(on));
+        b.tabIndex = on ? 0 : -1;
+      });
+      const choose = (button) => {
+        if (slider.value !== button.dataset.value) {
+          slider.value = button.dataset.value;
+          slider.dispatchEvent(new Event("input", { bubbles: true }));
+        }
+        show();
+      };
+      buttons.forEach((button, v) => {
+        button.addEventListener("click", () => choose(button));
+        button.addEventListener("keydown", (event) => {
+          if (!["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"].includes(event.key)) return;
+          event.preventDefault();
+          const other = buttons[1 - v];
+          choose(other);
+          other.focus();
+        });
+      });
+      toggle.append(name, group);
+      control.after(toggle);
+      control.hidden = true;
+      control.classList.add("afs-toggled");
+      show();
+      slider.addEventListener("input", show);
+    });
   });
 });
 

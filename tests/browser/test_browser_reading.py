@@ -87,7 +87,12 @@ def test_sliders_have_44px_targets_stop_marks_and_a_caption(loaded_phone, slider
     found = page.evaluate("""() => [...document.querySelectorAll('.afs-explorer')].map(ex => {
         const sliders = [...ex.querySelectorAll('input.afs-slider')].map(s => {
             const list = s.list;
-            return {height: s.getBoundingClientRect().height, stops: +s.max - +s.min + 1,
+            // a two-way choice is a toggle of two buttons in its place (afs.js)
+            const toggle = s.closest('.afs-control').nextElementSibling;
+            const shown = toggle && toggle.matches('.afs-toggle')
+                ? [...toggle.querySelectorAll('button')] : [s];
+            const height = Math.min(...shown.map(b => b.getBoundingClientRect().height));
+            return {height, stops: +s.max - +s.min + 1,
                     marks: list ? [...list.options].map(o => +o.value) : []};
         });
         let next = ex.closest('.cell');

@@ -1,10 +1,11 @@
 """The kernel-free slider explorers (attention_lib.explorer) work in the built book.
 
 Each `.afs-explorer` holds one `input.afs-slider[data-param]` per parameter with its
-"k / N" position, one `.afs-label` ("name = value", "a = 1, b = 2" or the chapter's own
-wording) and one `img.afs-frame` per combination, of which exactly one is shown. A reader
-moves a slider with the keyboard or the mouse; the shown frame, the position and the
-label must follow, with no kernel and no network.
+position, "(k of N)" (afs.js), one `.afs-label` ("name = value", "a = 1, b = 2" or the
+chapter's own wording) and one `img.afs-frame` per combination, of which exactly one is shown.
+A reader moves a slider with the keyboard or the mouse; the shown frame, the position and the
+label must follow, with no kernel and no network. A parameter with two values is an either/or
+choice, shown as a toggle of its two values in place of its slider (issue 44, item 5).
 """
 
 from __future__ import annotations
@@ -76,6 +77,65 @@ def check_state(state: dict, where: str) -> dict:
     return frame
 
 
+# A two-stop slider's toggle (afs.js; issue 44, item 5): its name, its two options' names
+# and which is chosen.
+TOGGLE_JS = """(slider) => {
+    const control = slider.closest('.afs-control');
+    const toggle = control.nextElementSibling;
+    if (!toggle || !toggle.matches('.afs-toggle')) return null;
+    const group = toggle.querySelector('[role=radiogroup]');
+    return {
+        slider_shown: control.getClientRects().length > 0,
+        name: document.getElementById(group.getAttribute('aria-labelledby'))?.textContent,
+        options: [...group.querySelectorAll('[role=radio]')].map(b => {
+            const r = b.getBoundingClientRect();
+            return {text: b.textContent, checked: b.getAttribute('aria-checked'),
+                    width: r.width, height: r.height};
+        }),
+    };
+}"""
+
+
+def check_toggle(page, ex, slider, where: str) -> None:
+    """A two-stop slider is shown as a toggle of two named options: a click or an arrow
+    key chooses the other one, and the frame and the label follow."""
+    toggle = slider.evaluate(TOGGLE_JS)
+    assert toggle, f"{where}: a two-way choice shown as a slider, not a toggle"
+    assert not toggle["slider_shown"], f"{where}: the slider is shown beside its toggle"
+    assert toggle["name"] == slider.get_attribute("data-param"), toggle
+    options = toggle["options"]
+    assert len(options) == 2 and all(o["text"].strip() for o in options), options
+    assert options[0]["text"] != options[1]["text"], options
+    assert all(o["height"] >= 24 and o["width"] >= 24 for o in options), (
+        f"{where}: toggle options of {options}: a touch target needs 24 px (WCAG 2.5.8)"
+    )
+    at = int(slider.input_value())
+    assert [o["checked"] for o in options] == [str(v == at).lower() for v in (0, 1)], options
+    state = ex.evaluate(STATE_JS)
+    check_state(state, where)
+    # The label names the chosen option, where the labels are "name = value" pairs.
+    toggle_box = slider.locator("xpath=ancestor::*[contains(@class, 'afs-control')][1]")
+    buttons = toggle_box.locator("xpath=following-sibling::div[1]").locator("[role=radio]")
+    for step, (press, to) in enumerate([("click", 1 - at), ("ArrowRight", at), ("click", at)]):
+        before = state
+        if press == "click":
+            buttons.nth(to).click()
+        else:
+            buttons.nth(1 - to).press(press)
+        assert slider.input_value() == str(to), f"{where}: {press} did not choose option {to}"
+        state = ex.evaluate(STATE_JS)
+        frame = check_state(state, f"{where} after {press}")
+        checked = [b.get_attribute("aria-checked") for b in buttons.all()]
+        assert checked == [str(v == to).lower() for v in (0, 1)], checked
+        if step < 2:  # the third press is on the chosen option: nothing changes
+            assert frame["index"] != before["shown"][0]["index"], f"{where}: same frame"
+            assert state["label"] != before["label"], f"{where}: label stuck"
+        if "=" in state["label"]:
+            assert options[to]["text"] in state["label"], (options[to], state["label"])
+    focused = page.evaluate("() => document.activeElement.textContent")
+    assert focused == options[at]["text"], f"{where}: focus on {focused!r}"
+
+
 @pytest.mark.parametrize("slider_page", SLIDER_PAGES)
 def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -> None:
     tab.open(slider_page)
@@ -92,6 +152,9 @@ def test_every_static_slider_moves_frame_and_label(tab: Tab, slider_page: str) -
             last = int(slider.get_attribute("max"))
             where = f"{slider_page} explorer {e} slider {param!r}"
             assert last >= 1, f"{where} has a single value: nothing to explore"
+            if last == 1:  # an either/or choice: a toggle in its place
+                check_toggle(page, ex, slider, where)
+                continue
             box = slider.bounding_box()
             assert box["height"] >= 24 and box["width"] >= 100, (
                 f"{where}: the slider is {box['width']:.0f} x {box['height']:.0f} px; a touch "
