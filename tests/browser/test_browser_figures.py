@@ -13,7 +13,8 @@ import json
 import struct
 from urllib.parse import unquote, urlparse
 
-from bookpages import NOTEBOOK_PAGES, SITE_DIR, built_html, source_path
+import pytest
+from bookpages import EDITION, NOTEBOOK_PAGES, SITE_DIR, built_html, source_path
 from bs4 import BeautifulSoup
 
 from attention_lib.show.style import COLUMN_PX, MIN_FONT_PT, MIN_TEXT_PX, text_css_px
@@ -147,3 +148,42 @@ def test_figure_text_is_legible_on_a_desktop(loaded, notebook: str) -> None:
                 f"{fig['shown']:.0f}/{fig['natural']} px = {px:.1f} CSS px"
             )
     assert not small, f"{notebook}: figure text below {MIN_TEXT_PX:g} CSS px: {small}"
+
+
+# Issue 44, item 5: figures and sliders are numbered per chapter, "Fig. 11.1" and "Slider
+# 11.1" ("图 11.1", "滑块 11.1"), in the order they appear, and their captions share one
+# style (book/_ext/afs_site.py numbers them, afs.css styles them).
+CAPTION_WORDS = {"en": ("Fig.", "Slider"), "zh": ("图", "滑块")}
+
+CAPTIONS_JS = """() => [...document.querySelectorAll(
+        'article figcaption, article p.afs-caption')].map(c => {
+    const s = getComputedStyle(c), n = c.querySelector('.caption-number');
+    const ns = n ? getComputedStyle(n) : null;
+    return {number: n ? n.textContent.trim() : null, slider: c.matches('p.afs-caption'),
+            style: [s.fontSize, s.fontStyle, s.color, s.textAlign, s.lineHeight],
+            number_style: ns ? [ns.fontStyle, ns.fontWeight] : null};
+})"""
+
+
+def chapter_of(notebook: str) -> int:
+    return int(notebook.rsplit("/", 1)[-1].split("_", 1)[0])
+
+
+@pytest.mark.parametrize("where", ["phone", "desktop"])
+def test_captions_are_numbered_per_chapter_in_one_style(
+    loaded, loaded_phone, notebook: str, where: str
+) -> None:
+    page = (loaded if where == "desktop" else loaded_phone)(notebook).page
+    captions = page.evaluate(CAPTIONS_JS)
+    chapter = chapter_of(notebook)
+    fig_word, slider_word = CAPTION_WORDS[EDITION]
+    figs = [c["number"] for c in captions if not c["slider"]]
+    sliders = [c["number"] for c in captions if c["slider"]]
+    assert figs == [f"{fig_word} {chapter}.{n}" for n in range(1, len(figs) + 1)], figs
+    assert sliders == [f"{slider_word} {chapter}.{n}" for n in range(1, len(sliders) + 1)], sliders
+    explorers = len(BeautifulSoup(built_html(notebook), "html.parser").select(".afs-explorer"))
+    assert len(sliders) == explorers, f"{notebook}: {explorers} sliders, {len(sliders)} captions"
+    styles = {tuple(c["style"]) for c in captions}
+    assert len(styles) <= 1, f"{notebook} on a {where}: {len(styles)} caption styles: {styles}"
+    numbers = {tuple(c["number_style"]) for c in captions}
+    assert numbers <= {("normal", "700")}, f"{notebook}: caption numbers set as {numbers}"
