@@ -186,3 +186,23 @@ __all__ += ["GatedDeltaNet", "LayerStateCache", "gated_delta_rule", "linear_atte
 from .blocks import BlockSpec, GatedMLP, RMSNorm
 
 __all__ += ["BlockSpec", "GatedMLP", "RMSNorm"]
+
+# --- masks as programs: FlexAttention's mask_mod/score_mod for the book's masks (chapter 19);
+# the builders (flex.causal, flex.document, flex.softcap, ...) are read from attention_lib.flex
+from .flex import (
+    alibi_slopes,
+    dense_mask,
+    document_ids,
+    document_positions,
+    tile_kinds,
+    with_sink,
+)
+
+__all__ += [
+    "alibi_slopes",
+    "dense_mask",
+    "document_ids",
+    "document_positions",
+    "tile_kinds",
+    "with_sink",
+]

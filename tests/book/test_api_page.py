@@ -58,6 +58,12 @@ SUBMODULE_ONLY = {
     "attention_lib.distributed.gather",
     "attention_lib.dsa.LightningIndexer",
     "attention_lib.dsa.top_k_mask",
+    # chapter 19's mask_mod/score_mod builders, read as flex.causal(...), flex.document(...)
+    *(
+        f"attention_lib.flex.{name}"
+        for name in "causal sliding_window chunked padding document prefix_lm tree "
+        "from_keep softcap alibi".split()
+    ),
     # chapter 14's table of layer types (a new type is one more entry)
     "attention_lib.layer_types.LayerType",
     "attention_lib.layer_types.register_layer_type",
