@@ -457,9 +457,7 @@ class Encoder(nn.Module):
         kinds = [None] * num_layers if layer_types is None else list(layer_types)
         if len(kinds) != num_layers or not set(nope_layers) <= set(range(num_layers)):
             given = f"layer_types={layer_types}, nope_layers={nope_layers}"
-            raise ValueError(
-                f"one layer type per layer, indices < num_layers={num_layers}: {given}"
-            )
+            raise ValueError(f"one layer type per layer, indices < {num_layers} layers: {given}")
         self.layers = nn.ModuleList(
             EncoderLayer(
                 d_model,
@@ -555,12 +553,7 @@ class Encoder(nn.Module):
             )
             x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
             all_weights.append(weights)
-        x = x if self.norm is None else self.norm(x)
-        if not need_weights:
-            return x
-        if len({w.shape for w in all_weights}) > 1:  # caches of different spans
-            raise ValueError("need_weights: the layers' caches hold different numbers of keys")
-        return x, torch.stack(all_weights, dim=1)  # (B, num_layers, H, L, Lk)
+        return self._final(x, all_weights if need_weights else None)
 
     def run(
         self, x: Tensor, step: Step, cache: KVCache | None, *, need_weights: bool = False
@@ -576,8 +569,12 @@ class Encoder(nn.Module):
             out = layer.mix(x, step, layer_cache, need_weights=need_weights)
             x, weights = out if need_weights else (out, None)  # (B, L, d), (B, H, L, Lk)
             all_weights.append(weights)
+        return self._final(x, all_weights if need_weights else None)
+
+    def _final(self, x: Tensor, all_weights: list[Tensor] | None) -> Any:
+        """The final norm, then the layers' weights stacked ``(B, num_layers, H, L, Lk)``."""
         x = x if self.norm is None else self.norm(x)
-        if not need_weights:
+        if all_weights is None:
             return x
         if len({w.shape for w in all_weights}) > 1:  # caches of different spans
             raise ValueError("need_weights: the layers' caches hold different numbers of keys")

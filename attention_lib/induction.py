@@ -63,9 +63,8 @@ def make_induction_data(
     min_period = check_int("min_period", min_period, minimum=1)
     if max_period is None:
         max_period = max(min_period, min(vocab_size, seq_len // 2))
-    max_period = check_int("max_period", max_period, minimum=min_period)
-    if max_period > vocab_size:  # a pattern's tokens are distinct
-        raise ValueError(f"max_period must be <= vocab_size={vocab_size}, got {max_period}")
+    # a pattern's tokens are distinct: at most vocab_size of them
+    max_period = check_int("max_period", max_period, minimum=min_period, maximum=vocab_size)
     check_generator(generator)
     device = generator.device
     periods = torch.randint(

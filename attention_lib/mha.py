@@ -21,12 +21,12 @@ from .validation import (
     check_bool,
     check_choice,
     check_dropout_p,
+    check_hidden,
     check_int,
     check_mask,
     check_positions,
     check_real,
     check_same,
-    check_tensor,
 )
 
 
@@ -370,14 +370,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         if step is not None:  # a model's call (the mixer protocol): checked by the model
             return self.mix(query, step, kv_cache, need_weights=need_weights)
         weight = self.W_q.weight
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if check_tensor(name, t, min_dim=3).dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(f"{name} must be (B, L, {self.d_model}), got {tuple(t.shape)}")
-        check_same(
-            "dtype", query=query.dtype, key=key.dtype, value=value.dtype, module=weight.dtype
-        )
-        devices = {"query": query.device, "key": key.device, "value": value.device}
-        check_same("device", **devices, module=weight.device)
+        check_hidden(self.d_model, weight, query=query, key=key, value=value)
         batch, q_len, k_len = query.shape[0], query.shape[1], key.shape[1]
         check_same("batch size B", query=batch, key=key.shape[0], value=value.shape[0])
         check_same("length Lk", key=k_len, value=value.shape[1])
@@ -475,7 +468,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             TypeError: if ``cache`` is not a :class:`~attention_lib.LayerKVCache`.
             ValueError: naming what does not fit.
         """
-        if not isinstance(cache, LayerKVCache):
+        if not isinstance(cache, LayerKVCache):  # per layer and call: no check_instance call
             raise TypeError(f"kv_cache must be a LayerKVCache, got {type(cache).__name__}")
         cache.check_fits(batch, self.num_kv_heads, self.d_k, dtype, device)
         if self.chunk_size and (cache.dropped % self.chunk_size or cache.sink_tokens is not None):

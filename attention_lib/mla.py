@@ -29,12 +29,11 @@ from .sdpa import attend
 from .validation import (
     check_base,
     check_bool,
+    check_hidden,
     check_int,
     check_mask,
     check_positions,
     check_real,
-    check_same,
-    check_tensor,
 )
 
 
@@ -250,8 +249,7 @@ class MultiHeadLatentAttention(nn.Module):
         for name, size in sizes.items():
             check_int(name, size, minimum=1)
         check_d_head(qk_rope_head_dim, name="qk_rope_head_dim")
-        if index_head_dim < qk_rope_head_dim:
-            raise ValueError(f"index_head_dim must be >= qk_rope_head_dim, got {index_head_dim}")
+        check_int("index_head_dim", index_head_dim, minimum=qk_rope_head_dim)  # holds the RoPE part
         self.d_model, self.num_heads, self.kv_lora_rank = d_model, num_heads, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
         self.v_head_dim = v_head_dim
@@ -354,10 +352,7 @@ class MultiHeadLatentAttention(nn.Module):
         if check_bool("need_weights", need_weights):
             raise ValueError("MultiHeadLatentAttention returns no attention weights")
         weight = self.W_o.weight
-        if check_tensor("x", x, min_dim=3).dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must be (B, L, {self.d_model}), got {tuple(x.shape)}")
-        check_same("dtype", x=x.dtype, module=weight.dtype)
-        check_same("device", x=x.device, module=weight.device)
+        check_hidden(self.d_model, weight, x=x)
         check_bool("is_causal", is_causal)
         batch, length, _ = x.shape
         past = 0
@@ -366,9 +361,8 @@ class MultiHeadLatentAttention(nn.Module):
             past = len(kv_cache)
         if mask is not None:
             mask = check_mask(mask, (batch, self.num_heads, length, past + length), device=x.device)
-            if mask.dim() == 3 or (
-                self.indexer is not None and mask.dim() == 4 and mask.shape[1] > 1
-            ):
+            heads = mask.shape[1] if mask.dim() == 4 and self.indexer is not None else 1
+            if mask.dim() == 3 or heads > 1:  # the indexer selects keys for every head alike
                 raise ValueError(
                     f"mask must be (L, T) or (B, 1, L, T) here, got {tuple(mask.shape)}"
                 )
@@ -435,7 +429,7 @@ class MultiHeadLatentAttention(nn.Module):
             TypeError: if ``cache`` is not a :class:`LatentKVCache`.
             ValueError: if it was filled by another layer shape, batch or dtype.
         """
-        if not isinstance(cache, LatentKVCache):
+        if not isinstance(cache, LatentKVCache):  # per layer and call: no check_instance call
             raise TypeError(f"kv_cache must be a LatentKVCache, got {type(cache).__name__}")
         index_width = 0 if self.indexer is None else self.indexer.head_dim
         ours = (batch, self.kv_lora_rank, self.qk_rope_head_dim, index_width)
@@ -562,9 +556,7 @@ class MultiHeadLatentAttention(nn.Module):
             TypeError: if ``layer`` is not such a layer (it has no ``kv_b_proj``).
         """
         if not isinstance(layer, nn.Module) or not hasattr(layer, "kv_b_proj"):
-            raise TypeError(
-                f"layer must be a DeepseekV3Attention or DeepseekV32Attention, got {type(layer)}"
-            )
+            raise TypeError(f"layer must be a DeepseekV3(2)Attention, got {type(layer).__name__}")
         config = layer.config
         rope = dict(getattr(config, "rope_parameters", None) or {})
         kind = rope.get("rope_type", "default")

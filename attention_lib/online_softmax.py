@@ -146,9 +146,7 @@ def online_softmax_update(
     shapes = [tuple(t.shape) for t in (state.row_max, state.row_sum, scores, value)]
     want = [(*q_rows, 1), (*q_rows, 1), (*q_rows, value.shape[-2]), (*acc[:-2], *value.shape[-2:])]
     if shapes != want or value.shape[-1] != acc[-1]:
-        raise ValueError(
-            f"state, scores, value must fit together: {want} for acc {acc}, got {shapes}"
-        )
+        raise ValueError(f"state, scores, value must fit: {want} for acc {acc}, got {shapes}")
     dropout_p = check_dropout_p(dropout_p)
     return online_softmax_core(
         state, scores, value, base2=base2, dropout_p=dropout_p, inplace=inplace

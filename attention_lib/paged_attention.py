@@ -108,10 +108,8 @@ def paged_attention(
     )
     if not fits:
         shapes = [tuple(t.shape) for t in (query, key_pool, value_pool, tables, positions, lengths)]
-        raise ValueError(
-            "expected query (S, H, Lq, d_k), pools (N, bs, H_kv, d_k|d_v), tables (S, M), "
-            f"positions (S, Lq), lengths (S,): got {shapes}"
-        )
+        what = "query (S, H, Lq, d_k), pools (N, bs, H_kv, d_k|d_v), tables (S, M)"
+        raise ValueError(f"expected {what}, positions (S, Lq), lengths (S,): got {shapes}")
     return paged_attention_core(
         query, key_pool, value_pool, tables, positions, lengths,
         scale=d_k**-0.5 if scale is None else scale, window=window, chunk=chunk,

@@ -173,13 +173,9 @@ class Engine:
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         self.chunked = max_num_batched_tokens is not None
         self.budget = model.max_len
-        if self.chunked:
-            self.budget = check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
-            if self.budget > model.max_len:
-                raise ValueError(
-                    f"max_num_batched_tokens={self.budget} > the model's max_len="
-                    f"{model.max_len}: a step's tokens run as one packed row"
-                )
+        if self.chunked:  # a step's tokens run as one packed row: at most the model's max_len
+            name, limit = "max_num_batched_tokens (<= the model's max_len)", model.max_len
+            self.budget = check_int(name, max_num_batched_tokens, minimum=1, maximum=limit)
         self.prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         watermark = check_real("watermark", watermark, at_least=0, below=1)
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)

@@ -190,12 +190,10 @@ def tiled_core(
     needs_grad = torch.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
     )
-    if needs_grad and dropout_p > 0.0:
+    if needs_grad and dropout_p > 0.0:  # the backward recomputes the weights, not the mask
         raise ValueError(
-            f"tiled attention cannot apply dropout (dropout_p={dropout_p!r}) while computing "
-            "gradients: its backward pass recomputes the attention weights tile by tile and would need "
-            "the forward pass's random dropout mask, which is not stored. Use dropout_p=0.0, "
-            "torch.no_grad(), or the 'lib' or 'torch' backend for training with dropout."
+            f"tiled attention cannot apply dropout_p={dropout_p!r} with gradients (the random mask"
+            " is not stored): use dropout_p=0.0, torch.no_grad(), or backend 'lib' or 'torch'"
         )
     scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
 

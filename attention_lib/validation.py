@@ -51,6 +51,16 @@ def check_same(what: str, **values: object) -> None:
         raise kind(f"{names} must have the same {what}, got {given}")
 
 
+def check_hidden(width: int, like: Tensor, **tensors: object) -> None:
+    """Each tensor must be a floating ``(B, L, width)`` tensor of ``like``'s dtype and
+    device (``like``: the module's weight), e.g. a layer's ``query``, ``key``, ``value``."""
+    for name, t in tensors.items():
+        if check_tensor(name, t, min_dim=3).dim() != 3 or t.shape[-1] != width:
+            raise ValueError(f"{name} must be (B, L, {width}), got {tuple(t.shape)}")
+    check_same("dtype", **{name: t.dtype for name, t in tensors.items()}, module=like.dtype)
+    check_same("device", **{name: t.device for name, t in tensors.items()}, module=like.device)
+
+
 def check_broadcast(name: str, *shapes: Sequence[int], target: Sequence[int] | None = None):
     """The shapes must broadcast together (to ``target`` exactly, if given); returns the result.
     (Plain Python: ``torch.broadcast_shapes`` costs tens of microseconds per call.)"""
@@ -105,12 +115,14 @@ def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
     return t
 
 
-def check_int(name: str, value: object, *, minimum: int) -> int:
-    """``value`` must be an int (Python or NumPy, not bool) ``>= minimum``; returns it."""
+def check_int(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
+    """``value`` must be an int (Python or NumPy, not bool) ``>= minimum`` (and
+    ``<= maximum``, if given); returns it."""
+    expected = f"an int >= {minimum}" + ("" if maximum is None else f", <= {maximum}")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {_got(value)}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise TypeError(f"{name} must be {expected}, got {_got(value)}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
     return int(value)
 
 

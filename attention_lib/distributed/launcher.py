@@ -93,9 +93,7 @@ def launch(
         try:
             while not context.join(timeout=max(0.1, deadline - time.monotonic())):
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"the {world} workers did not finish within timeout={timeout:g} s"
-                    )
+                    raise TimeoutError(f"the {world} workers did not end in timeout={timeout:g} s")
         finally:
             for process in context.processes:  # only the processes started above
                 if process.is_alive():

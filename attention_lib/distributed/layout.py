@@ -43,10 +43,8 @@ def zigzag_split(x: Tensor, world_size: int, dim: int = -2) -> list[Tensor]:
     """
     check_instance("x", x, Tensor, "a torch.Tensor")
     world = check_int("world_size", world_size, minimum=1)
-    if x.shape[dim] % (2 * world):
-        raise ValueError(f"zigzag_split cuts x into 2P equal chunks: its length along dim "
-                         f"must be divisible by 2 * world_size = {2 * world}, "
-                         f"got {x.shape[dim]}")  # fmt: skip
+    if x.shape[dim] % (2 * world):  # 2P equal chunks
+        raise ValueError(f"N={x.shape[dim]} must be a multiple of 2 * world_size = {2 * world}")
     chunks = x.chunk(2 * world, dim=dim)
     return [torch.cat([chunks[r], chunks[2 * world - 1 - r]], dim=dim) for r in range(world)]
 
