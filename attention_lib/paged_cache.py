@@ -434,6 +434,11 @@ class PagedLayer(LayerKVCache):
         """``2 * H_kv * d_k``: a key and a value per head."""
         return 2 * self.batch.pool.key.shape[-2] * self.batch.pool.key.shape[-1]
 
+    @property
+    def _rows(self) -> int:
+        """The batch rows ``B`` of the keys written: one per sequence."""
+        return len(self.batch.seqs)
+
     def select(self, rows: Tensor) -> None:
         """Refused: a :class:`PagedBatch` is the view of one step; drop a
         sequence with :meth:`PagedKVCache.free_sequence` (the next step's
@@ -457,9 +462,13 @@ class PagedLayer(LayerKVCache):
     ) -> None:
         """Refuse keys that do not fit the pool (see :meth:`LayerKVCache.check_fits`)."""
         pool = self.batch.pool.key
-        held = (len(self.batch.seqs), *pool.shape[-2:], pool.dtype, pool.device)
+        held = (self._rows, *pool.shape[-2:], pool.dtype, pool.device)
         if held != (given := (batch, kv_heads, d_k, dtype, device)):
-            raise ValueError(f"paged cache holds (B, H_kv, d_k, dtype, device) {held}, not {given}")
+            raise ValueError(
+                f"{self._what} holds (B, H_kv, d_k, dtype, device) {held}, not {given}"
+            )
+
+    _what = "paged cache"  # what check_fits names
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``(B, H_kv, L, d_k)`` new keys and values into their slots and
@@ -559,14 +568,7 @@ class PagedPackLayer(PagedLayer):
     def position(self) -> int:
         return 0
 
-    def check_fits(
-        self, batch: int, kv_heads: int, d_k: int, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        """Refuse keys that do not fit the pool or a batch other than the one row."""
-        pool = self.batch.pool.key
-        held = (1, *pool.shape[-2:], pool.dtype, pool.device)
-        if held != (given := (batch, kv_heads, d_k, dtype, device)):
-            raise ValueError(f"paged pack holds (B, H_kv, d_k, dtype, device) {held}, not {given}")
+    _what, _rows = "paged pack", 1  # check_fits: the pack is one row of packed tokens
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Refused: the pack is read in place, by :meth:`attend_in_place`.
