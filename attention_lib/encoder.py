@@ -643,9 +643,8 @@ class TokenClassifier(nn.Module):
     ) -> None:
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
-        self.num_classes = check_int(
-            "num_classes", vocab_size if num_classes is None else num_classes, minimum=1
-        )
+        num_classes = vocab_size if num_classes is None else num_classes
+        self.num_classes = check_int("num_classes", num_classes, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=1)
         check_int("d_model", d_model, minimum=1)  # before nn.Embedding sees it
         self.positional = positional

@@ -313,13 +313,11 @@ class GatedDeltaNet(nn.Module):
         """
         if not isinstance(cache, LayerStateCache):
             raise TypeError(f"kv_cache must be a LayerStateCache, got {type(cache).__name__}")
-        held = cache.state  # float32 for float16 / bfloat16 x (gated_delta_rule's precision)
+        state = cache.state  # float32 for float16 / bfloat16 x (gated_delta_rule's precision)
         dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-        if held is not None and (len(held), held.dtype, held.device) != (batch, dtype, device):
-            given = (batch, dtype, device)
-            raise ValueError(
-                f"kv_cache holds (B, dtype, device) {(len(held), held.dtype, held.device)}, not {given}"
-            )
+        held = None if state is None else (len(state), state.dtype, state.device)
+        if held not in (None, given := (batch, dtype, device)):
+            raise ValueError(f"kv_cache holds (B, dtype, device) {held}, not {given}")
 
     def make_cache(self) -> LayerStateCache:
         """An empty :class:`LayerStateCache`.
