@@ -30,12 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .moe import MixtureOfExperts
 from .validation import check_bool, check_choice, check_int, check_real
 
 #: Accepted values of ``BlockSpec(norm=...)``.
 NORM_KINDS = ("layer", "rms", "rms_1p")
-#: Accepted values of ``BlockSpec(mlp=...)``: chapter 7's ReLU MLP and the gated ones.
-MLP_KINDS = ("relu", "swiglu", "geglu")
+#: Accepted values of ``BlockSpec(mlp=...)``: chapter 7's ReLU MLP, the gated ones, and
+#: gpt-oss's mixture of experts (:class:`~attention_lib.moe.MixtureOfExperts`).
+MLP_KINDS = ("relu", "swiglu", "geglu", "moe")
 #: The activation of each gated MLP.
 _ACTIVATIONS = {"swiglu": F.silu, "geglu": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -151,11 +153,15 @@ class BlockSpec:
         norm: ``"layer"`` (``nn.LayerNorm``), ``"rms"`` (:class:`RMSNorm`)
             or ``"rms_1p"`` (Gemma's :class:`RMSNorm` with ``offset=1``).
         mlp: ``"relu"`` (chapter 7's :class:`~attention_lib.FeedForward`,
-            with biases), ``"swiglu"`` or ``"geglu"`` (:class:`GatedMLP`).
+            with biases), ``"swiglu"`` or ``"geglu"`` (:class:`GatedMLP`), or
+            ``"moe"`` (gpt-oss's :class:`~attention_lib.moe.MixtureOfExperts`,
+            ``experts`` of width ``d_ff``, ``top_k`` per token).
         sandwich: also normalise each sublayer's output before it joins the
             residual stream (Gemma 2 and 3): ``x + norm(attn(norm(x)))``.
         eps: the norms' epsilon; ``None`` for the norm's default
             (``1e-5`` for ``LayerNorm``, ``1e-6`` for :class:`RMSNorm`).
+        experts, top_k: with ``mlp="moe"`` only (and then required): the
+            number of experts and of experts per token.
 
     Raises:
         TypeError, ValueError: if a field is not one of the values above.
@@ -165,10 +171,14 @@ class BlockSpec:
     mlp: str = "relu"
     sandwich: bool = False
     eps: float | None = None
+    experts: int | None = None
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("norm", self.norm, NORM_KINDS)
         check_choice("mlp", self.mlp, MLP_KINDS)
+        if (self.mlp == "moe") != (self.experts is not None and self.top_k is not None):
+            raise ValueError(f"experts and top_k go with mlp='moe': {self}")
         check_bool("sandwich", self.sandwich)
         if self.eps is not None:
             check_real("eps", self.eps, above=0)
@@ -180,13 +190,15 @@ class BlockSpec:
         eps = 1e-6 if self.eps is None else self.eps
         return RMSNorm(d_model, eps, offset=float(self.norm == "rms_1p"))
 
-    def make_mlp(self, d_model: int, d_ff: int) -> GatedMLP:
-        """A new gated MLP of this kind, ``d_model -> d_ff -> d_model`` (chapter
-        7's ``"relu"`` MLP is :class:`~attention_lib.FeedForward`, which the
-        block builds itself).
+    def make_mlp(self, d_model: int, d_ff: int) -> GatedMLP | MixtureOfExperts:
+        """A new gated MLP (or mixture of experts) of this kind, ``d_model ->
+        d_ff -> d_model`` (chapter 7's ``"relu"`` MLP is
+        :class:`~attention_lib.FeedForward`, which the block builds itself).
 
         Raises:
             ValueError: for ``mlp="relu"``.
         """
+        if self.mlp == "moe":
+            return MixtureOfExperts(d_model, d_ff, self.experts, self.top_k)
         check_choice("mlp (gated)", self.mlp, tuple(_ACTIVATIONS))
         return GatedMLP(d_model, d_ff, self.mlp)

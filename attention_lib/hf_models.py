@@ -17,7 +17,8 @@ What is read is what the model *has* (its submodules, probed on inputs), not
 its class name. Qwen3-Next's linear layers become
 :class:`~attention_lib.gated_deltanet.GatedDeltaNet` s
 (``GatedDeltaNet.from_hf``, ``"linear"`` layers). Whatever this package does
-not compute (a mixture-of-experts MLP, a norm or an activation of another kind, an
+not compute (a mixture-of-experts MLP other than gpt-oss's, which becomes a
+:class:`~attention_lib.moe.MixtureOfExperts`, a norm or an activation of another kind, an
 attention layer that ``MultiHeadAttention.from_hf`` refuses, a decoder layer
 with other sublayers) is refused with a ``ValueError`` that names it; and the
 finished model is run once against the original on a short probe
@@ -42,6 +43,7 @@ from .gated_deltanet import GatedDeltaNet
 from .layer_types import LayerSpec
 from .mha import MultiHeadAttention
 from .mla import MultiHeadLatentAttention
+from .moe import MixtureOfExperts
 from .validation import check_bool
 
 #: The sublayers of a pre-norm decoder layer, and of a sandwich one (Gemma 2, 3).
@@ -80,15 +82,18 @@ class DecoderConverters:
         embeddings), Gemma 2 (attention and final logit soft-capping), SmolLM3
         (NoPE layers), DeepSeek-V3 with dense layers (MLA with YaRN) and
         Qwen3-Next with dense MLPs (3 Gated DeltaNet layers : 1 full layer with
-        partial RoPE, an output gate and ``1 + w`` norms).
+        partial RoPE, an output gate and ``1 + w`` norms) and gpt-oss (attention
+        sinks, sliding and full layers, YaRN, and its mixture of experts with
+        clamped SwiGLU experts, :class:`~attention_lib.moe.MixtureOfExperts`).
         In float32 the logits agree to about ``1e-6``; in float64 to about
         ``1e-7`` only, because transformers computes its RoPE tables (and
         Gemma its norms) in float32 whatever the model's dtype.
 
         Refused, by name: DeepSeek-V3.2's indexer, a decoder layer whose sublayers
-        are not those of a pre-norm or a sandwich block (a mixture-of-experts
-        MLP, ...); an MLP that is not a gated MLP without
-        biases with SiLU or tanh-GELU; norms that are not RMSNorms of one form and
+        are not those of a pre-norm or a sandwich block; a mixture of experts
+        other than gpt-oss's (DeepSeek's and Qwen3-Next's, with shared
+        experts); an MLP that is not a gated MLP without biases with SiLU or
+        tanh-GELU; norms that are not RMSNorms of one form and
         epsilon; a ``d_ff`` that differs between layers; an embedding that is not
         a (scaled) lookup; and every attention layer
         ``MultiHeadAttention.from_hf`` refuses (``"dynamic"`` RoPE,
@@ -209,8 +214,15 @@ def _block(layer: nn.Module, index: int, d_model: int) -> tuple[BlockSpec, int]:
     if len(norms) > 1:
         raise ValueError(f"cannot convert layer {index}: its norms differ ({sorted(norms)})")
     (norm, eps), mlp = norms.pop(), layer.mlp
-    kind, d_ff = _gated_mlp(mlp, index)
-    return BlockSpec(norm, mlp=kind, sandwich=children == _SANDWICH, eps=eps), d_ff
+    experts = {}
+    if hasattr(mlp, "router"):  # gpt-oss's mixture of experts (its router's rule, top-k)
+        moe = MixtureOfExperts.from_hf(mlp)
+        kind, d_ff, experts = "moe", moe.up.shape[-1], {"experts": moe.num_experts}
+        experts["top_k"] = moe.top_k
+    else:
+        kind, d_ff = _gated_mlp(mlp, index)
+    sandwich = children == _SANDWICH
+    return BlockSpec(norm, mlp=kind, sandwich=sandwich, eps=eps, **experts), d_ff
 
 
 def _norm_kind(norm: nn.Module, d_model: int, where: str) -> tuple[str, float]:
@@ -232,7 +244,7 @@ def _gated_mlp(mlp: nn.Module, index: int) -> tuple[str, int]:
         what = f"{type(mlp).__name__} with {sorted(children)}"
         raise ValueError(
             f"cannot convert layer {index}'s MLP, a {what}: not a gated MLP"
-            " (a mixture-of-experts MLP is not reproduced)"
+            " (of the mixture-of-experts MLPs, only gpt-oss's is reproduced)"
         )
     if any(p.bias is not None for p in projections):
         raise ValueError(f"cannot convert layer {index}'s MLP: biases in its projections")
@@ -243,9 +255,7 @@ def _gated_mlp(mlp: nn.Module, index: int) -> tuple[str, int]:
         if torch.allclose(out, activation(x), rtol=0, atol=1e-6):
             return kind, projections[0].out_features
     name = type(children["act_fn"]).__name__
-    raise ValueError(
-        f"cannot convert layer {index}'s MLP: activation {name}, not SiLU or tanh-GELU"
-    )
+    raise ValueError(f"cannot convert layer {index}'s MLP: activation {name}, not SiLU/tanh-GELU")
 
 
 def _embedding_scale(embedding: nn.Embedding) -> float | None:
@@ -304,6 +314,9 @@ def _copy_block(theirs: nn.Module, layer: nn.Module, block: BlockSpec) -> None:
         }
     for ours, name in norms.items():
         getattr(layer, ours).weight.copy_(getattr(theirs, name).weight)
+    if block.mlp == "moe":  # gpt-oss: its router and experts (alpha, limit too)
+        layer.ffn = MixtureOfExperts.from_hf(theirs.mlp)
+        return
     for ours in ("gate", "up", "down"):
         getattr(layer.ffn, ours).weight.copy_(getattr(theirs.mlp, f"{ours}_proj").weight)
 

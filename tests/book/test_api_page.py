@@ -58,6 +58,8 @@ SUBMODULE_ONLY = {
     "attention_lib.distributed.gather",
     "attention_lib.dsa.LightningIndexer",
     "attention_lib.dsa.top_k_mask",
+    # chapter 20's mixture of experts (gpt-oss), read as attention_lib.moe.MixtureOfExperts
+    "attention_lib.moe.MixtureOfExperts",
     # chapter 19's mask_mod/score_mod builders, read as flex.causal(...), flex.document(...)
     *(
         f"attention_lib.flex.{name}"

@@ -14,6 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from attention_lib import CausalLM, KVCache, MultiHeadAttention, generate
 from attention_lib.blocks import BlockSpec, GatedMLP, RMSNorm
+from attention_lib.moe import MixtureOfExperts
 
 # --- the blocks ------------------------------------------------------------------------
 
@@ -154,6 +155,21 @@ QWEN3_NEXT = {  # 3 Gated DeltaNet : 1 full layer (partial RoPE, output gate), M
     "linear_value_head_dim": 8,
     "mlp_only_layers": [0, 1, 2, 3],
 }
+GPT_OSS = {  # sinks, sliding : full, YaRN from 16 positions, 2 of 4 experts per token
+    "head_dim": 8,
+    "sliding_window": 8,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,  # as gpt-oss's published config
+        "original_max_position_embeddings": 16,
+    },
+}
 FAMILIES = {  # id: (config class, options); every window and scaling is reached below
     "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
@@ -165,6 +181,7 @@ FAMILIES = {  # id: (config class, options); every window and scaling is reached
         {**MLA, "num_key_value_heads": 4, "rope_parameters": DEEPSEEK_YARN},
     ),
     "qwen3_next": ("Qwen3NextConfig", QWEN3_NEXT),
+    "gpt_oss": ("GptOssConfig", GPT_OSS),
 }
 
 
@@ -325,6 +342,31 @@ def test_qwen3_next_full_layer_partial_rope_and_output_gate():
         MultiHeadAttention(32, 4, rope_base=1e4, rope_dim=3)
     with pytest.raises(ValueError, match="rope_dim"):
         MultiHeadAttention(32, 4, rope_dim=4)  # without RoPE
+
+
+def test_mixture_of_experts_equals_gpt_oss_mlp_and_its_parts_matter():
+    """gpt-oss's MLP alone (inputs large enough to reach the clamp), and what
+    its routing rule and its clamp change."""
+    theirs = hf_model("GptOssConfig", **GPT_OSS).model.layers[0].mlp
+    ours = MixtureOfExperts.from_hf(theirs)
+    torch.manual_seed(4)
+    x = torch.randn(2, 13, 32) * 30.0
+    with torch.no_grad():
+        expected, _ = theirs(x)
+        assert (ours(x) - expected).abs().max() < 1e-4 * expected.abs().max()
+        ours.limit = 1e9  # without the clamp: another MLP
+        assert (ours(x) - expected).abs().max() > 1e-2 * expected.abs().max()
+        ours.limit, small = 7.0, x / 30.0  # logits of order 1: routing decides
+        expected, _ = theirs(small)
+        assert (ours(small) - expected).abs().max() < 1e-5
+        ours.top_k = 4  # every expert for every token: another MLP
+        assert (ours(small) - expected).abs().max() > 1e-2 * expected.abs().max()
+    with pytest.raises(ValueError, match="top_k"):
+        MixtureOfExperts(8, 16, 4, 5)
+    with pytest.raises(ValueError, match="experts and top_k"):
+        BlockSpec("rms", mlp="moe")
+    with pytest.raises(TypeError, match="GptOssMLP"):
+        MixtureOfExperts.from_hf(nn.Linear(3, 3))
 
 
 def test_refuses_what_is_not_a_decoder():
