@@ -19,7 +19,7 @@ of a 🤗 transformers ``BertModel``, e.g. all-MiniLM-L6-v2, which the wheel
 The attention maps it returns are computed by the book's code, not read back
 from transformers. :mod:`attention_lib.head_stats` measures them.
 
-Explained in Part II's chapter *Attention in a trained model* (to be written).
+Explained in chapter 8, *Attention in a trained model*.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class TextEncoder(nn.Module):
     from a trained ``BertModel``; the constructor wraps an encoder of your own
     in new random embeddings (tests, exercises).
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         encoder: the layers, an :class:`~attention_lib.Encoder` built with
@@ -156,7 +156,7 @@ class TextEncoder(nn.Module):
         read head ``h`` is zeroing that head's output exactly; the bias and
         every other head are kept. ``self`` is not changed.
 
-        Explained in Part II's chapter *Attention in a trained model* (to be written).
+        Explained in chapter 8, *Attention in a trained model*.
 
         Args:
             heads: ``(layer, head)`` pairs, ``0 <= layer < num_layers``,

@@ -17,7 +17,7 @@ and what the heads do: :func:`similarity_change` zeroes a set of heads
 and measures the change of the cosine similarity of sentence embeddings
 (:func:`mean_pool`) on sentence pairs.
 
-Explained in Part II's chapter *Attention in a trained model* (to be written).
+Explained in chapter 8, *Attention in a trained model*.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def offset_weight(weights: Tensor, keep: Tensor, offset: int) -> Tensor:
     all of it there), ``+1`` on the next. Averaged over the query positions
     ``i`` for which ``i`` and ``i + offset`` are both real tokens.
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         weights: ``(B, num_layers, H, L, L)`` attention weights.
@@ -88,7 +88,7 @@ def key_share(weights: Tensor, keep: Tensor, keys: Tensor) -> Tensor:
     ``[CLS]`` and ``[SEP]``: an encoder's attention sink, where heads with
     nothing to look for put their weight. Averaged over the real queries.
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         weights: ``(B, num_layers, H, L, L)`` attention weights.
@@ -115,7 +115,7 @@ def attention_entropy(weights: Tensor, keep: Tensor) -> Tensor:
     ``0`` for a head that puts all its weight on one key, ``log n`` for one
     spread evenly over ``n`` keys. Averaged over the real queries.
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         weights: ``(B, num_layers, H, L, L)`` attention weights.
@@ -136,7 +136,7 @@ def mean_pool(hidden: Tensor, keep: Tensor) -> Tensor:
     """Sentence embeddings: the mean of the hidden states of the real tokens
     (all-MiniLM-L6-v2's pooling).
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         hidden: ``(B, L, d)`` last hidden state.
@@ -159,7 +159,7 @@ def pair_similarity(
     """The cosine similarity of the :func:`mean_pool` embeddings of sentence
     pairs: ``first[p]`` with ``second[p]``.
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         model: a :class:`~attention_lib.bert.TextEncoder`.
@@ -190,7 +190,7 @@ def similarity_change(
     ablated minus intact, per pair. Compare a class of heads with as many
     random heads.
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Args:
         model: a :class:`~attention_lib.bert.TextEncoder`.
@@ -213,7 +213,7 @@ def random_heads(
     """``count`` distinct ``(layer, head)`` pairs drawn uniformly: the control
     group of an ablation (:func:`similarity_change`).
 
-    Explained in Part II's chapter *Attention in a trained model* (to be written).
+    Explained in chapter 8, *Attention in a trained model*.
 
     Raises:
         TypeError, ValueError: if ``count`` is not an int in
