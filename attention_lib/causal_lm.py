@@ -300,9 +300,8 @@ class CausalLM(DecoderConverters, nn.Module):
         """
         check_instance("cache", cache, KVCache, "a KVCache or None")
         if self.layer_types is not None:  # each layer has made (and keeps) its own cache
-            if self._made is None:  # the kinds of cache the layers make (asked once)
-                self._made = [_kind(layer.make_cache()) for layer in self.blocks.layers]
-            made = self._made
+            made = self._made or [_kind(layer.make_cache()) for layer in self.blocks.layers]
+            self._made = made  # the kinds of cache the layers make (asked once)
             if cache.keep_last or cache.sink_tokens is not None or _kinds(cache) not in ([], made):
                 raise ValueError("a model with layer_types needs a KVCache() it has filled itself")
             return self._check_layer_caches(cache, batch)

@@ -177,7 +177,7 @@ class AttentionConverters:
         "post")``), which :meth:`Encoder.from_hf <attention_lib.Encoder.from_hf>`
         copies.
 
-        Explained in Part II's chapter *Attention in a trained model* (to be written).
+        Explained in chapter 8, *Attention in a trained model*.
 
         Args:
             module: a ``BertAttention`` of a ``BertModel`` (all-MiniLM-L6-v2's).

@@ -269,8 +269,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
         d_ff = 4 * d_model if d_ff is None else d_ff
-        if block is not None:
-            check_instance("block", block, BlockSpec, "a BlockSpec or None")
+        check_instance("block", block, (BlockSpec, type(None)), "a BlockSpec or None")
         check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
         self.norm_placement = norm_placement
         if norm_placement == "post" and block is not None and block.sandwich:
@@ -539,8 +538,7 @@ class Encoder(nn.Module):
                 :meth:`MultiHeadAttention.forward <attention_lib.MultiHeadAttention.forward>`,
                 or a ``cache`` that is not a :class:`~attention_lib.KVCache`.
         """
-        if cache is not None:
-            check_instance("cache", cache, KVCache, "a KVCache or None")
+        check_instance("cache", cache, (KVCache, type(None)), "a KVCache or None")
         all_weights = []
         for i, layer in enumerate(self.layers):
             out = layer(

@@ -281,8 +281,7 @@ def gated_delta_rule(
     check_same("device", query=query.device, g=g.device, beta=beta.device)
     if bool((g > 0).any()):
         raise ValueError("g is a log-decay and must be <= 0 everywhere, got a positive entry")
-    if chunk_size is not None:
-        chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
     check_bool("output_final_state", output_final_state)
     B, H, _, d_k = key.shape
     if initial_state is not None:

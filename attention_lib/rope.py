@@ -334,9 +334,7 @@ def check_rope_scaling(scaling: object, base: float) -> tuple | None:
     fields = set(scaling) - {"rope_type", "rope_theta"}
     theta = scaling.get("rope_theta", base)
     if fields - {*required, *optional} or set(required) - fields or theta != base:
-        raise ValueError(
-            f"scaling {kind!r} takes {required} (+ {optional}), base={base}: {scaling}"
-        )
+        raise ValueError(f"scaling {kind!r} takes {required} + {optional}, base={base}: {scaling}")
     return tuple(sorted({**scaling, "rope_type": kind}.items()))
 
 

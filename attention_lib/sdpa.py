@@ -134,8 +134,7 @@ def scaled_dot_product_attention(
         if mask is None
         else check_mask(mask, (*batch_shape, q_len, k_len), device=query.device)
     )
-    if softcap is not None:
-        check_real("softcap", softcap, above=0)
+    softcap = None if softcap is None else check_real("softcap", softcap, above=0)
     if sink is not None:
         check_same("dtype", sink=check_tensor("sink", sink, min_dim=0).dtype, query=query.dtype)
         check_broadcast("sink (the leading dims ...)", sink.shape, target=batch_shape)
