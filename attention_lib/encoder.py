@@ -484,7 +484,7 @@ class Encoder(nn.Module):
         :meth:`MultiHeadAttention.from_hf <attention_lib.MultiHeadAttention.from_hf>`.
         See :func:`~attention_lib.bert.text_encoder_from_hf`.
 
-        Explained in Part II's chapter *Attention in a trained model* (to be written).
+        Explained in chapter 8, *Attention in a trained model*.
         """
         return text_encoder_from_hf(model, cls)
 
