@@ -2,7 +2,7 @@
 
 Usage (from the repository root, inside the repository's virtual environment)::
 
-    python tools/build_book.py            # both editions (what `make book` runs)
+    python tools/build_book.py            # both editions, side by side (`make book`)
     python tools/build_book.py --strict   # warnings and broken links fail (`make build-strict`)
     python tools/build_book.py --lang zh  # one edition only
     python tools/build_book.py --pdf      # PDFs of the built HTML (what `make pdf` runs)
@@ -64,6 +64,28 @@ def build(edition: str, *, strict: bool) -> int:
         shutil.rmtree(published, ignore_errors=True)
         shutil.copytree(outdir, published)
     return 0
+
+
+def build_side_by_side(editions: list[str], *, strict: bool) -> list[str]:
+    """Build ``editions`` at once, one process each (a Sphinx build keeps one core busy):
+    each has its own output, doctree and myst-nb scratch folders (EDITIONS), so they do
+    not meet. Each build's log is printed whole when it ends; returns the failed ones."""
+    import subprocess
+
+    BUILD.mkdir(exist_ok=True)
+    runs = {}
+    for edition in editions:
+        log = open(BUILD / f"build-{edition}.log", "w+", encoding="utf-8")  # noqa: SIM115
+        command = [sys.executable, __file__, "--lang", edition] + (["--strict"] if strict else [])
+        runs[edition] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)
+    failed = []
+    for edition, (process, log) in runs.items():
+        if process.wait() != 0:
+            failed.append(edition)
+        log.seek(0)
+        print(log.read(), end="", flush=True)
+        log.close()
+    return failed
 
 
 # Issue 44, item 9: a PDF of each chapter and of the whole book, in each edition, printed
@@ -189,12 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pdf:
         return make_pdfs(args.lang or list(EDITIONS))
-    failed = [e for e in args.lang or list(EDITIONS) if build(e, strict=args.strict) != 0]
+    editions = args.lang or list(EDITIONS)
+    if len(editions) == 1:
+        failed = [e for e in editions if build(e, strict=args.strict) != 0]
+    else:
+        failed = build_side_by_side(editions, strict=args.strict)
     if failed:
         print(f"Build failed for: {', '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"The book is at file://{BUILD / 'html' / 'index.html'}")
-    print(f"中文版: file://{BUILD / 'html' / 'zh' / 'index.html'}")
+    # (side by side, each edition's build said where it is)
+    if editions == ["en"]:
+        print(f"The book is at file://{BUILD / 'html' / 'index.html'}")
+    elif editions == ["zh"]:
+        print(f"中文版: file://{BUILD / 'html' / 'zh' / 'index.html'}")
     return 0
 
 
