@@ -143,6 +143,25 @@ __all__ += [
     "paged_attention",
 ]
 
+# --- decoding faster: speculative decoding, the acceptance rule, token trees (chapter 13)
+from .speculative import (
+    SpeculativeStats,
+    acceptance_distribution,
+    expected_tokens,
+    prompt_lookup,
+    speculative_decode,
+    tree_mask,
+)
+
+__all__ += [
+    "SpeculativeStats",
+    "acceptance_distribution",
+    "expected_tokens",
+    "prompt_lookup",
+    "speculative_decode",
+    "tree_mask",
+]
+
 # --- attention across machines: ring attention and Ulysses (chapter 14)
 from .distributed import (
     CommStats,

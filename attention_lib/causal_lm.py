@@ -31,6 +31,7 @@ from .encoder import POSITIONAL_KINDS, Encoder, position_module
 from .hf_models import DecoderConverters
 from .kv_cache import KVCache
 from .layer_types import LayerSpec, LayerType
+from .mha import MultiHeadAttention
 from .protocols import Step
 from .validation import (
     check_bool,
@@ -221,6 +222,12 @@ class CausalLM(DecoderConverters, nn.Module):
                 ``True``/1 = a real token, ``False``/0 = padding that no query
                 attends to (left padding of a ragged batch, chapter 12);
                 combined with the causal mask. ``None``: every token is real.
+                Or a per-token keep-mask ``(B, L, P + L)`` (``B`` may be 1):
+                row ``i`` says which tokens new token ``i`` sees, *instead of*
+                the causal mask (a token tree verified in one pass, with
+                ``positions`` by depth: :func:`~attention_lib.speculative.tree_mask`,
+                chapter 13); only for a model whose layers are all full
+                softmax attention, with a cache that holds every token.
             positions: ``(B, L)`` or ``(L,)`` integer positions of ``tokens``,
                 e.g. each left-padded sequence counting from its own first
                 real token (chapter 12); ``None`` means ``P, P + 1, ...``.
@@ -250,8 +257,12 @@ class CausalLM(DecoderConverters, nn.Module):
             0 <= int(positions.min()) <= int(positions.max()) < limit
         ):
             raise ValueError(f"positions must lie in [0, max_len={limit}), got {positions}")
-        keep = None
-        if mask is not None:  # padding: (B, P + L) -> the stored and new keys (B, 1, 1, T + L)
+        keep, causal = None, True
+        if isinstance(mask, Tensor) and mask.dim() == 3:  # per token (B, L, P + L): chapter 13
+            self._check_tree_mask(cache)
+            keep = check_mask(mask, (tokens.shape[0], length, past + length), device=tokens.device)
+            keep, causal = keep.expand(tokens.shape[0], length, -1)[:, None], False
+        elif mask is not None:  # padding: (B, P + L) -> the stored and new keys (B, 1, 1, T + L)
             if cache is not None and cache.sink_tokens is not None:  # columns are not the last
                 raise ValueError("a padding mask needs a cache without sink_tokens")
             if self._chunked:
@@ -269,12 +280,27 @@ class CausalLM(DecoderConverters, nn.Module):
         # Causal in every layer: bottom-right after the cached tokens (chapter 5), the
         # layers' window if any, and RoPE at `positions`; prepared once (the RoPE
         # tables at the first layer that asks), passed down the unchecked path.
-        step = Step(positions, causal=True, keep=keep)
+        step = Step(positions, causal=causal, keep=keep)
         out = self.blocks.run(x, step, cache, need_weights=need_weights)
         if not need_weights:
             return self._logits(out)  # (B, L, V)
         hidden, weights = out
         return self._logits(hidden), weights  # (B, L, V), (B, layers, H, L, T + L)
+
+    def _check_tree_mask(self, cache: KVCache | None) -> None:
+        """A per-token mask replaces the causal one: refused where a layer
+        would need its own (a window, chunks, a recurrence) or a cache has
+        dropped columns."""
+        for layer in self.blocks.layers:
+            attn = layer.self_attn
+            spans = getattr(attn, "window", None), getattr(attn, "chunk_size", None)
+            if not isinstance(attn, MultiHeadAttention) or spans != (None, None):
+                raise ValueError(
+                    "a per-token mask (B, L, P + L) needs full softmax attention in every "
+                    f"layer, got {type(attn).__name__} with (window, chunk_size) = {spans}"
+                )
+        if cache is not None and (cache.keep_last is not None or cache.sink_tokens is not None):
+            raise ValueError("a per-token mask needs a cache that keeps every token")
 
     def _logits(self, hidden: Tensor) -> Tensor:
         """The head, then the final soft-capping if any: ``(B, L, d) -> (B, L, V)``."""

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kv_cache import Snapshots
 from .linear_attention import gated_delta_core
 from .protocols import Step
 from .validation import check_int, check_same, check_tensor
@@ -36,7 +37,7 @@ def _nbytes(t: Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
-class LayerStateCache:
+class LayerStateCache(Snapshots):
     """The cache of one linear-attention layer: a state of fixed size.
 
     Where a :class:`~attention_lib.LayerKVCache` stores a key and a value per
@@ -58,6 +59,8 @@ class LayerStateCache:
         self.conv: Tensor | None = None
         self.position = 0
 
+    _FIELDS = ("state", "conv", "position")
+
     def __len__(self) -> int:
         """Tokens *stored*: none, whatever the number seen (see :attr:`position`)."""
         return 0
@@ -77,16 +80,21 @@ class LayerStateCache:
         (the cache protocol of :mod:`attention_lib.protocols`). No checks."""
         self.state = None if self.state is None else self.state[rows]
         self.conv = None if self.conv is None else self.conv[rows]
+        self._saved = None  # another batch
 
     def crop(self, n: int) -> None:
-        """Forget the last ``n`` tokens: only ``n = 0`` is possible (the state
-        has mixed every token in; keep a copy to go back).
+        """Forget the last ``n`` tokens: the state has mixed every token in, so
+        only ``n = 0``, or going back to a :meth:`snapshot` taken ``n`` tokens
+        ago (speculative decoding's rollback, chapter 13), is possible.
 
         Raises:
-            ValueError: if ``n != 0``.
+            ValueError: otherwise.
         """
-        if check_int("n", n, minimum=0):
-            raise ValueError(f"a recurrent state cannot forget tokens: cannot crop {n}")
+        if not self._restore(check_int("n", n, minimum=0)) and n:
+            raise ValueError(
+                f"a recurrent state cannot forget tokens: cannot crop {n} "
+                "(take a snapshot() where you may come back to)"
+            )
 
 
 class GatedDeltaNet(nn.Module):

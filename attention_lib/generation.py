@@ -33,6 +33,7 @@ from torch import Tensor
 
 from .causal_lm import CausalLM
 from .kv_cache import KVCache
+from .speculative import speculative_decode
 from .validation import (
     check_bool,
     check_generator,
@@ -97,8 +98,12 @@ def generate(
     generator: torch.Generator | None = None,
     attention_mask: Tensor | None = None,
     eos_token_id: int | None = None,
+    assistant_model: CausalLM | None = None,
+    num_assistant_tokens: int = 5,
+    prompt_lookup_num_tokens: int | None = None,
 ) -> Tensor | list[Tensor]:
-    """Continue ``prompt`` by ``max_new_tokens`` tokens, one at a time.
+    """Continue ``prompt`` by ``max_new_tokens`` tokens, one at a time (or
+    several per pass of ``model``, with speculative decoding).
 
     The model runs in ``eval()`` mode (its mode is restored afterwards) and
     without gradients. Greedy decoding (``do_sample=False``) gives the same
@@ -107,7 +112,8 @@ def generate(
 
     Explained in chapter 9, *Attention that writes*; ragged batches
     (``prompt`` as a list, ``attention_mask``) and ``eos_token_id`` in
-    chapter 12, *Serving attention*.
+    chapter 12, *Serving attention*; ``assistant_model`` and
+    ``prompt_lookup_num_tokens`` in chapter 13, *Decoding faster*.
 
     Args:
         model: a :class:`~attention_lib.CausalLM`.
@@ -128,6 +134,14 @@ def generate(
         eos_token_id: the end-of-sequence token: a sequence that emits it
             stops (later columns of a tensor result repeat it), and
             generation ends when every sequence has; ``None``: never stop early.
+        assistant_model: a draft ``CausalLM`` with the same vocabulary:
+            speculative decoding (:mod:`attention_lib.speculative`) of one
+            ``(1, T0)`` prompt, with the cache; greedy gives the tokens of
+            greedy decoding, sampling follows ``model``'s distribution exactly.
+        num_assistant_tokens: the draft's guesses per pass of ``model``, ``>= 1``.
+        prompt_lookup_num_tokens: instead of a draft, guess this many tokens
+            by copying what followed the last two tokens earlier in the text
+            (:func:`~attention_lib.speculative.prompt_lookup`).
 
     Returns:
         For a tensor ``prompt``: ``(B, T0 + n)`` token ids, the prompt first,
@@ -144,6 +158,22 @@ def generate(
     """
     check_instance("model", model, CausalLM, "a CausalLM")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+    if assistant_model is not None or prompt_lookup_num_tokens is not None:  # chapter 13
+        if attention_mask is not None or isinstance(prompt, (list, tuple)) or not use_cache:
+            raise ValueError("speculative decoding takes one (1, T0) prompt, with the cache")
+        return speculative_decode(
+            model,
+            prompt,
+            max_new_tokens,
+            assistant_model=assistant_model,
+            num_assistant_tokens=num_assistant_tokens,
+            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            generator=generator,
+            eos_token_id=eos_token_id,
+        )[0]
     ragged = isinstance(prompt, (list, tuple))
     if ragged:
         if attention_mask is not None:

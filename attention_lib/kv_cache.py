@@ -53,6 +53,36 @@ def _check_rolling(keep_last: object, sink_tokens: object, window: object) -> tu
     )
 
 
+class Snapshots:
+    """``snapshot()``, then ``crop`` back to it: how a cache that cannot simply
+    forget its last tokens (a recurrent state, a rolling cache that has
+    dropped some, a chunk that has moved on) still rolls back exactly.
+
+    :meth:`snapshot` keeps references to what the cache holds (the caches
+    replace their tensors, they never write into them, so nothing is
+    copied); ``crop(n)`` with ``n`` the tokens seen since then restores it.
+    Speculative decoding takes one before each verification (chapter 13).
+
+    Explained in chapter 13, *Decoding faster*.
+    """
+
+    _FIELDS: tuple[str, ...] = ()
+    _saved: tuple | None = None
+
+    def snapshot(self) -> None:
+        """Remember this point: a later ``crop`` of every token seen since
+        comes back to it exactly (explained in chapter 13)."""
+        self._saved = (self.position, tuple(getattr(self, f) for f in self._FIELDS))
+
+    def _restore(self, n: int) -> bool:
+        """Come back to the snapshot if it was taken ``n >= 1`` tokens ago."""
+        if not n or self._saved is None or self._saved[0] != self.position - n:
+            return False
+        for name, held in zip(self._FIELDS, self._saved[1]):
+            setattr(self, name, held)
+        return True
+
+
 class _Rolling:
     """What a cache that may roll answers: ``keep_last`` and its older name."""
 
@@ -66,7 +96,7 @@ class _Rolling:
         return self.keep_last
 
 
-class LayerKVCache(_Rolling):
+class LayerKVCache(Snapshots, _Rolling):
     """The cached keys and values of one attention layer.
 
     :class:`~attention_lib.MultiHeadAttention` calls :meth:`update` with the
@@ -107,6 +137,8 @@ class LayerKVCache(_Rolling):
         self.keep_last, self.sink_tokens = _check_rolling(keep_last, sink_tokens, window)
         self.dropped = 0
 
+    _FIELDS = ("key", "value", "dropped")
+
     def __len__(self) -> int:
         """The number of positions ``T`` stored."""
         return 0 if self.key is None else self.key.shape[-2]
@@ -134,17 +166,22 @@ class LayerKVCache(_Rolling):
         :mod:`attention_lib.protocols`). A building block: no checks."""
         if self.key is not None and self.value is not None:
             self.key, self.value = self.key[rows], self.value[rows]
+        self._saved = None  # another batch
 
     def crop(self, n: int) -> None:
         """Forget the last ``n`` tokens (speculative decoding rejects drafted
-        tokens; the cache protocol of :mod:`attention_lib.protocols`).
+        tokens, chapter 13; the cache protocol of :mod:`attention_lib.protocols`).
+        Back to a :meth:`snapshot` taken ``n`` tokens ago, it restores it.
 
         Raises:
             ValueError: if ``n`` is not in ``[0, len(self)]``, or the cache has
                 dropped tokens (a rolling cache cannot get them back, and the
-                tokens after the crop would need them).
+                tokens after the crop would need them) and holds no snapshot
+                taken ``n`` tokens ago.
         """
         n = check_int("n", n, minimum=0)
+        if self._restore(n):
+            return
         if n > len(self) or (n and self.dropped):
             raise ValueError(f"cannot crop {n} of {len(self)} held tokens ({self.dropped} dropped)")
         if n and self.key is not None and self.value is not None:
@@ -233,12 +270,16 @@ class ChunkKVCache(LayerKVCache):
 
     def crop(self, n: int) -> None:
         """Forget the last ``n`` tokens of the current chunk (the chunks before
-        it are never read again).
+        it are never read again), or come back to a :meth:`snapshot` taken
+        ``n`` tokens ago (across a chunk boundary; chapter 13).
 
         Raises:
-            ValueError: if ``n`` is not in ``[0, len(self)]``.
+            ValueError: if ``n`` is not in ``[0, len(self)]`` and no snapshot
+                was taken ``n`` tokens ago.
         """
         n = check_int("n", n, minimum=0)
+        if self._restore(n):
+            return
         if n > len(self):
             raise ValueError(f"cannot crop {n} tokens: the current chunk holds {len(self)}")
         if n and self.key is not None and self.value is not None:
@@ -305,6 +346,34 @@ class KVCache(_Rolling):
                 LayerKVCache(self.keep_last, self.sink_tokens) if make is None else make()
             )
         return self.layers[index]
+
+    def snapshot(self) -> None:
+        """Take a :class:`Snapshots` snapshot of every layer that takes one: a
+        later :meth:`crop` of the tokens seen since comes back to it
+        (chapter 13)."""
+        for layer in self.layers:
+            if isinstance(layer, Snapshots):
+                layer.snapshot()
+
+    def crop(self, n: int) -> None:
+        """Forget the last ``n`` tokens in every layer (speculative decoding's
+        rollback, chapter 13): afterwards the cache is as if it had never
+        seen them. All layers or none: if one layer refuses, the others are
+        left as they were.
+
+        Raises:
+            ValueError: if ``n < 0`` or a layer cannot (see each layer's ``crop``,
+                and :meth:`snapshot`).
+        """
+        n = check_int("n", n, minimum=0)
+        before = [dict(vars(layer)) for layer in self.layers]  # references, no copies
+        try:
+            for layer in self.layers:
+                layer.crop(n)
+        except ValueError:
+            for layer, held in zip(self.layers, before):
+                vars(layer).update(held)
+            raise
 
     def __len__(self) -> int:
         """The number of tokens stored by the layer that stores the most (the same

@@ -180,6 +180,33 @@ class PagedKVCache:
                 self._release(block)
         del self.lengths[seq], self._hashes[seq]
 
+    def crop(self, seq: int, n: int) -> None:
+        """Forget the last ``n`` tokens of ``seq`` (speculative decoding rejects
+        drafted tokens, chapter 13): blocks left empty return to the pool, and
+        a published block that becomes partly filled is unpublished (its
+        slots will be written again).
+
+        Raises:
+            ValueError: if ``seq`` is unknown or ``n`` is not in
+                ``[0, length]``, or a block the crop keeps was released.
+        """
+        self._check_seqs([seq])
+        length = self.lengths[seq]
+        if not 0 <= check_int("n", n, minimum=0) <= length:
+            raise ValueError(f"cannot crop {n} tokens: sequence {seq} holds {length}")
+        table, kept = self.tables[seq], length - n
+        blocks = -(-kept // self.block_size)  # blocks that still hold a token
+        if -1 in table[blocks - 1 : blocks] and n:
+            raise ValueError(f"cannot crop {n} tokens: the block of token {kept - 1} was released")
+        for block in table[blocks:]:
+            if block >= 0:
+                self._release(block)
+        del table[blocks:], self._hashes[seq][kept // self.block_size :]
+        last = table[-1] if table and kept % self.block_size else -1
+        if last >= 0 and self.ref_count[last] == 1 and last in self.block_hash:
+            del self.cached[self.block_hash.pop(last)], self._block_tokens[last]
+        self.lengths[seq] = kept
+
     def _release(self, block: int) -> None:
         """One holder fewer; an unheld block goes to the end of the free list
         (a published one stays findable until it is reused: LRU eviction)."""

@@ -131,7 +131,8 @@ class Step:
         keep: ``None``, or the padding keep-mask ``(B, 1, 1, P + L)`` over
             every token so far (``P`` seen before the call): a layer whose
             cache holds ``T`` entries uses its last ``T + L`` columns
-            (``keep_for``).
+            (``keep_for``); with ``causal=False``, a per-token keep-mask
+            ``(B, 1, L, P + L)`` instead (a token tree, chapter 13).
     """
 
     positions: Tensor
