@@ -18,7 +18,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .validation import check_generator, check_int, check_integer_tensor, check_same
+from .validation import (
+    check_generator,
+    check_int,
+    check_integer_tensor,
+    check_same,
+    check_sequences,
+)
 
 
 def make_induction_data(
@@ -117,10 +123,7 @@ def predictable_accuracy(
     Returns:
         Accuracy in ``[0, 1]`` over the positions ``i >= periods[b]``.
     """
-    for name, t in (("inputs", inputs), ("targets", targets)):
-        check_integer_tensor(name, t)
-    if inputs.dim() != 2:
-        raise ValueError(f"inputs must have shape (N, L), got {tuple(inputs.shape)}")
+    check_sequences(inputs=inputs, targets=targets)
     check_same("shape", inputs=tuple(inputs.shape), targets=tuple(targets.shape))
     predictable = predictable_positions(periods, inputs.shape[1])  # (N, L)
     check_same("length N", inputs=len(inputs), periods=len(periods))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .validation import check_int
+from .validation import check_instance, check_int
 
 
 @dataclass(frozen=True)
@@ -153,8 +153,7 @@ def kv_cache_table(
     """
     shapes = list(PUBLISHED_SHAPES.values() if shapes is None else shapes)
     for shape in shapes:
-        if not isinstance(shape, ModelShape):
-            raise TypeError(f"shapes must hold ModelShape objects, got {type(shape).__name__}")
+        check_instance("shapes[i]", shape, ModelShape, "a ModelShape")
     return {
         shape.name: [
             shape.kv_cache_bytes(n, bytes_per_value=bytes_per_value) / 1e9 for n in seq_lens

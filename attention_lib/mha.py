@@ -210,9 +210,8 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.num_kv_heads = check_int(
-            "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads, minimum=1
-        )
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
         if (head_dim is None and d_model % num_heads) or num_heads % self.num_kv_heads:
             sizes = f"d_model={d_model}, num_heads={num_heads}, num_kv_heads={self.num_kv_heads}"
             raise ValueError(f"num_heads must divide d_model, num_kv_heads num_heads: {sizes}")
@@ -225,9 +224,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
             check_d_head(rope_dim or self.d_k, name="d_k = d_model // num_heads or rope_dim")
         self.rope_dim = self.d_k if rope_dim is None else rope_dim
         if not 0 < self.rope_dim <= self.d_k or (rope_dim and rope_base is None):
-            raise ValueError(
-                f"rope_dim must be in (0, d_k={self.d_k}], with a rope_base: {rope_dim}"
-            )
+            raise ValueError(f"rope_dim must be in (0, {self.d_k}] with rope_base, got {rope_dim}")
         self.rope_base = rope_base
         if rope_scaling is not None and rope_base is None:
             raise ValueError(f"rope_scaling={rope_scaling} needs a rope_base")

@@ -34,19 +34,12 @@ from .validation import (
     check_int,
     check_integer_tensor,
     check_same,
+    check_sequences,
     check_tensor,
 )
 
 #: Names accepted by :func:`make_task_data`.
 TASKS = ("reverse", "shift", "sort")
-
-
-def _check_sequences(**tensors: object) -> None:
-    """Every tensor must be an integer ``(N, L)`` tensor of token or class ids."""
-    for name, t in tensors.items():
-        check_integer_tensor(name, t)
-        if t.dim() != 2:
-            raise ValueError(f"{name} must have shape (N, L), got shape {tuple(t.shape)}")
 
 
 def make_task_data(
@@ -181,7 +174,7 @@ def count_shared_sequences(a: Tensor, b: Tensor) -> int:
     Returns:
         The number of rows of ``a`` equal to some row of ``b``.
     """
-    _check_sequences(a=a, b=b)
+    check_sequences(a=a, b=b)
     check_same("length L", a=a.shape[1], b=b.shape[1])
     seen = set(map(tuple, b.tolist()))
     return sum(row in seen for row in map(tuple, a.tolist()))
@@ -206,7 +199,7 @@ def token_accuracy(
     Returns:
         Token accuracy in ``[0, 1]``.
     """
-    _check_sequences(inputs=inputs, targets=targets)
+    check_sequences(inputs=inputs, targets=targets)
     check_same("shape", inputs=tuple(inputs.shape), targets=tuple(targets.shape))
     batch_size = check_int("batch_size", batch_size, minimum=1)
     was_training = model.training
@@ -282,7 +275,7 @@ def train_token_classifier(
     Returns:
         A :class:`TrainingHistory`. The model is left in ``eval()`` mode.
     """
-    _check_sequences(inputs=inputs, targets=targets)
+    check_sequences(inputs=inputs, targets=targets)
     check_same("shape", inputs=tuple(inputs.shape), targets=tuple(targets.shape))
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)

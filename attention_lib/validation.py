@@ -115,6 +115,13 @@ def check_integer_tensor(name: str, t: object, *, what: str = "") -> Tensor:
     return t
 
 
+def check_sequences(**tensors: object) -> None:
+    """Every tensor must be an integer ``(N, L)`` tensor of token or class ids."""
+    for name, t in tensors.items():
+        if check_integer_tensor(name, t).dim() != 2:
+            raise ValueError(f"{name} must have shape (N, L), got shape {tuple(t.shape)}")
+
+
 def check_int(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     """``value`` must be an int (Python or NumPy, not bool) ``>= minimum`` (and
     ``<= maximum``, if given); returns it."""
