@@ -24,7 +24,7 @@ Part IV.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +173,10 @@ class BlockSpec:
     eps: float | None = None
     experts: int | None = None
     top_k: int | None = None
+
+    def __repr__(self) -> str:  # experts and top_k only for a mixture of experts
+        shown = [f for f in fields(self) if f.name not in ("experts", "top_k") or self.experts]
+        return f"BlockSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     def __post_init__(self) -> None:
         check_choice("norm", self.norm, NORM_KINDS)
