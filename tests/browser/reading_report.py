@@ -132,6 +132,10 @@ def issue44(editions: list[str], only: list[str] | None = None) -> int:
                 row[f"controls_{where}"] = f"{over} of {controls}"
                 if where == "phone":
                     row["smallest_phone_text"] = round(min(texts, default=0), 1)
+                    row["phone_text_below_9"] = (
+                        f"{sum(t < 9 for t in texts)} of {len(texts)} "
+                        f"(median {statistics.median(texts) if texts else 0:.1f} px)"
+                    )
                 else:
                     row["signatures"] = f"{sig_total - sig_wrong} of {sig_total} correct"
 
@@ -158,6 +162,7 @@ def issue44(editions: list[str], only: list[str] | None = None) -> int:
         ("controls_phone", "controls over ink, phone"),
         ("controls_desktop", "controls over ink, desktop"),
         ("smallest_phone_text", "smallest phone figure text (CSS px)"),
+        ("phone_text_below_9", "phone figures with text below 9 px"),
         ("split_outputs", "cells with split output"),
         ("pdfs", "PDFs"),
     ]
