@@ -295,10 +295,8 @@ class CausalLM(DecoderConverters, nn.Module):
             attn = layer.self_attn
             spans = getattr(attn, "window", None), getattr(attn, "chunk_size", None)
             if not isinstance(attn, MultiHeadAttention) or spans != (None, None):
-                raise ValueError(
-                    "a per-token mask (B, L, P + L) needs full softmax attention in every "
-                    f"layer, got {type(attn).__name__} with (window, chunk_size) = {spans}"
-                )
+                given = f"{type(attn).__name__} with (window, chunk_size) = {spans}"
+                raise ValueError(f"a per-token mask needs full attention in every layer: {given}")
         if cache is not None and (cache.keep_last is not None or cache.sink_tokens is not None):
             raise ValueError("a per-token mask needs a cache that keeps every token")
 

@@ -40,6 +40,7 @@ from .validation import (
     check_instance,
     check_int,
     check_mask,
+    check_prompt,
     check_real,
     check_token_ids,
 )
@@ -79,10 +80,7 @@ def _check_prompts(prompts: list | tuple, vocab_size: int) -> None:
     if not prompts:
         raise ValueError("prompts must hold at least one prompt, got an empty list")
     for i, p in enumerate(prompts):
-        check_instance(f"prompt[{i}]", p, Tensor, "a 1-D torch.Tensor of token ids")
-        if p.dim() != 1 or len(p) == 0:
-            raise ValueError(f"prompt[{i}] must be 1-D and not empty, got {tuple(p.shape)}")
-        check_token_ids(p[None], vocab_size, name=f"prompt[{i}][None]")
+        check_prompt(f"prompt[{i}]", p, vocab_size)
 
 
 @torch.no_grad()
@@ -196,8 +194,9 @@ def generate(
         temperature = check_real("temperature", temperature, above=0)
     top_k = None if top_k is None else check_int("top_k", top_k, minimum=1)
     check_generator(generator, optional=True)
-    if eos_token_id is not None:
-        eos_token_id = check_int("eos_token_id", eos_token_id, minimum=0)
+    eos_token_id = (
+        None if eos_token_id is None else check_int("eos_token_id", eos_token_id, minimum=0)
+    )
 
     was_training = model.training
     model.eval()

@@ -62,8 +62,8 @@ from .validation import (
     check_choice,
     check_instance,
     check_int,
+    check_prompt,
     check_real,
-    check_token_ids,
 )
 
 
@@ -203,11 +203,7 @@ class Engine:
                 model's ``max_len`` or the whole pool.
         """
         check_instance("request", request, Request, "a Request")
-        prompt = request.prompt
-        check_instance("request.prompt", prompt, Tensor, "a 1-D torch.Tensor of token ids")
-        if prompt.dim() != 1 or not len(prompt):
-            raise ValueError(f"request.prompt must be 1-D, not empty: {tuple(prompt.shape)}")
-        check_token_ids(prompt[None], self.model.vocab_size, name="request.prompt[None]")
+        check_prompt("request.prompt", request.prompt, self.model.vocab_size)
         if request.eos_token_id is not None:  # a float would never match: never stop
             check_int("eos_token_id", request.eos_token_id, minimum=0)
         check_int("arrival", request.arrival, minimum=0)

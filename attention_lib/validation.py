@@ -197,6 +197,14 @@ def check_token_ids(tokens: object, vocab_size: int, *, name: str = "tokens") ->
     return tokens
 
 
+def check_prompt(name: str, prompt: object, vocab_size: int) -> Tensor:
+    """``prompt`` must be a non-empty 1-D tensor of token ids in ``[0, vocab_size)``."""
+    check_instance(name, prompt, Tensor, "a 1-D torch.Tensor of token ids")
+    if prompt.dim() != 1 or len(prompt) == 0:
+        raise ValueError(f"{name} must be 1-D and not empty, got shape {tuple(prompt.shape)}")
+    return check_token_ids(prompt[None], vocab_size, name=f"{name}[None]")[0]
+
+
 def check_dropout_p(dropout_p: object, *, name: str = "dropout_p") -> float:
     """A dropout probability: a real number in ``[0, 1)``."""
     return check_real(name, dropout_p, at_least=0, below=1)

@@ -118,8 +118,7 @@ def check_shards(
         shapes = [tuple(t.shape) for t in (query, key, value)]
         raise ValueError(f"query, key, value must be shards (B, H, N/P, D), got {shapes}")
     check_choice("layout", extra.get("layout", "contiguous"), LAYOUTS)
-    if extra.get("stats") is not None:
-        check_instance("stats", extra["stats"], CommStats, "a CommStats or None")
+    check_instance("stats", extra.get("stats"), (CommStats, type(None)), "a CommStats or None")
 
 
 def _check_group(shapes: list[tuple[int, ...]], layout: str, split_heads: bool) -> None:
