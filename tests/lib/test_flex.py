@@ -40,6 +40,9 @@ from attention_lib import (
 )
 from attention_lib.dsa import top_k_mask
 
+# Eager flex_attention warns that it is not the fused kernel: that path is the point here.
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
 
 def hf_mask(function, q_len, k_len, q_offset=0, kv_offset=0):
     """transformers' dense mask of a mask function, as sdpa_mask builds it for a layer."""
