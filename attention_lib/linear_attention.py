@@ -273,25 +273,40 @@ def gated_delta_rule(
         ValueError: on mismatched shapes or devices, ``g > 0`` anywhere, or
             ``chunk_size < 1``.
     """
+    chunk_size = check_delta_args(
+        query, key, value, g, beta, initial_state, scale, chunk_size, output_final_state
+    )
+    out, state = gated_delta_core(
+        query, key, value, g, beta, initial_state, scale=scale, chunk_size=chunk_size
+    )
+    return (out, state) if output_final_state else out
+
+
+def check_delta_args(
+    query: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tensor,
+    initial_state: Tensor | None, scale: float | None, chunk_size: int | None,
+    output_final_state: bool, *, per_channel: bool = False,
+) -> int | None:  # fmt: skip
+    """Validate the arguments of :func:`gated_delta_rule` (chapter 18) or,
+    with ``per_channel``, of :func:`~attention_lib.kda.kimi_delta_attention`
+    (whose ``g`` is ``(B, H, L, d_k)``); returns the checked ``chunk_size``."""
     check_attention_args(query, key, value, dropout_p=0.0, scale=scale, is_causal=True)
-    for name, t in (("g", g), ("beta", beta)):
-        check_tensor(name, t, min_dim=3)
+    check_tensor("g", g, min_dim=3), check_tensor("beta", beta, min_dim=3)
+    B, H, L, d_k = key.shape
     shapes = {n: t.shape[:3] for n, t in zip(("query", "key", "value"), (query, key, value))}
-    check_same("(B, H, L)", **shapes, g=g.shape, beta=beta.shape)
+    check_same("(B, H, L)", **shapes, beta=beta.shape)
+    what = "shape (B, H, L, d_k)" if per_channel else "shape (B, H, L)"
+    check_same(what, g=tuple(g.shape), expected=(B, H, L, d_k)[: 3 + per_channel])
     check_same("device", query=query.device, g=g.device, beta=beta.device)
     if bool((g > 0).any()):
         raise ValueError("g is a log-decay and must be <= 0 everywhere, got a positive entry")
     chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
     check_bool("output_final_state", output_final_state)
-    B, H, _, d_k = key.shape
     if initial_state is not None:
         shape = check_tensor("initial_state", initial_state, min_dim=4).shape
         check_same("shape", initial_state=shape, expected=(B, H, d_k, value.shape[-1]))
         check_same("device", query=query.device, initial_state=initial_state.device)
-    out, state = gated_delta_core(
-        query, key, value, g, beta, initial_state, scale=scale, chunk_size=chunk_size
-    )
-    return (out, state) if output_final_state else out
+    return chunk_size
 
 
 def gated_delta_core(
@@ -318,6 +333,12 @@ def gated_delta_core(
     ``H_k`` dividing ``H``; query/key head ``j`` then serves the ``H // H_k``
     consecutive value heads ``j * H // H_k, ...`` (as 🤗 transformers'
     ``repeat_interleave``). ``H_k = H`` is the ungrouped rule.
+
+    Per-channel gate (Kimi Delta Attention, :mod:`attention_lib.kda`): ``g``
+    may be ``(B, H, L, d_k)`` instead of ``(B, H, L)``; the decay is then the
+    diagonal matrix ``diag(exp(g_t))`` applied to the rows of the state,
+    ``S_t = diag(exp(g_t)) S_{t-1}`` before the delta update. A scalar gate
+    is the per-channel one with every channel equal.
     """
     groups = value.shape[1] // key.shape[1]
     if groups > 1:  # each query/key head serves `groups` consecutive value heads
@@ -331,6 +352,7 @@ def gated_delta_core(
     initial_state = initial_state.to(dtype)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     query = query * scale
+    g = g.unsqueeze(-1) if g.dim() == 3 else g  # (B, H, L, D): D = 1 (scalar) or d_k
     if chunk_size is None:
         out, state = _delta_recurrent(query, key, value, g, beta, initial_state)
     else:
@@ -347,7 +369,7 @@ def _delta_recurrent(
     outputs = []
     for t in range(q.shape[-2]):
         k_t = k[..., t, :].unsqueeze(-1)  # (B, H, d_k, 1)
-        state = state * g[..., t, None, None].exp()  # decay
+        state = state * g[..., t, :, None].exp()  # decay: (B, H, D, 1), D = 1 or d_k
         stored = (k_t * state).sum(-2, keepdim=True)  # (B, H, 1, d_v): what S holds under k_t
         delta = beta[..., t, None, None] * (v[..., t : t + 1, :] - stored)  # (B, H, 1, d_v)
         state = state + k_t * delta  # write the correction: S += k_t delta^T
@@ -366,31 +388,39 @@ def _delta_chunked(
     ``exp(c_t) S_0 + sum_{s<=t} exp(c_t - c_s) k_s u_s^T``, where the *new
     values* ``u_t = beta_t (v_t - (what that state held under k_t))`` solve the
     unit lower-triangular system ``(I + A) U = beta V - beta exp(c) K S_0``
-    with ``A[t, s] = beta_t exp(c_t - c_s) k_t . k_s`` for ``s < t``.
+    with ``A[t, s] = beta_t exp(c_t - c_s) k_t . k_s`` for ``s < t``. With a
+    per-channel gate ``g`` is ``(B, H, L, d_k)``, ``c`` too, and every
+    ``exp(c_t - c_s) x . y`` becomes ``sum_i exp(c_ti - c_si) x_i y_i``.
     """
     B, H, L, _ = k.shape
     pad = -L % size  # zero padding: k = 0 and beta = 0 write nothing, g = 0 decays nothing
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        g, beta = (F.pad(t, (0, pad)) for t in (g, beta))
+        g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, pad))
     n = (L + pad) // size
-    q, k, v = (t.reshape(B, H, n, size, t.shape[-1]) for t in (q, k, v))  # (B, H, n, C, d)
-    c = g.reshape(B, H, n, size).cumsum(-1)  # (B, H, n, C): log-decay since the chunk began
+    q, k, v, g = (t.reshape(B, H, n, size, t.shape[-1]) for t in (q, k, v, g))  # (B, H, n, C, d)
+    c = g.cumsum(-2)  # (B, H, n, C, D): log-decay since the chunk began, D = 1 or d_k
     beta = beta.reshape(B, H, n, size, 1)
-    lower = causal_mask(size, device=k.device)  # (C, C): s <= t
-    decay = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~lower, -torch.inf).exp()  # (..C, C)
-    system = (beta * k) @ k.transpose(-2, -1) * decay  # A below the diagonal (diagonal unused)
+    lower = causal_mask(size, device=k.device).unsqueeze(-1)  # (C, C, 1): s <= t
+    decay = (c.unsqueeze(-2) - c.unsqueeze(-3)).masked_fill(~lower, -torch.inf).exp()  # (C, C, D)
+
+    def pairs(x: Tensor, y: Tensor) -> Tensor:  # (..., C, C): sum_i exp(c_ti - c_si) x_ti y_si
+        if decay.shape[-1] == 1:  # a scalar gate: a matmul
+            return x @ y.transpose(-2, -1) * decay[..., 0]
+        return (x.unsqueeze(-2) * y.unsqueeze(-3) * decay).sum(-1)
+
+    system = pairs(beta * k, k)  # A below the diagonal (diagonal unused)
     solve = torch.linalg.solve_triangular
     new_v = solve(system, beta * v, upper=False, unitriangular=True)  # (B, H, n, C, d_v)
-    new_k = solve(system, beta * k * c.exp().unsqueeze(-1), upper=False, unitriangular=True)
-    within = q @ k.transpose(-2, -1) * decay  # (B, H, n, C, C): reads inside the chunk
-    q_decayed = q * c.exp().unsqueeze(-1)  # reads S_0, decayed to each t
-    k_decayed = k * (c[..., -1:] - c).exp().unsqueeze(-1)  # writes, decayed to the chunk's end
+    new_k = solve(system, beta * k * c.exp(), upper=False, unitriangular=True)
+    within = pairs(q, k)  # (B, H, n, C, C): reads inside the chunk
+    q_decayed = q * c.exp()  # reads S_0, decayed to each t
+    k_decayed = k * (c[..., -1:, :] - c).exp()  # writes, decayed to the chunk's end
     outputs = []
     for i in range(n):  # across chunks: through the state
         u = new_v[:, :, i] - new_k[:, :, i] @ state  # (B, H, C, d_v)
         outputs.append(q_decayed[:, :, i] @ state + within[:, :, i] @ u)
-        end = c[:, :, i, -1].exp()[..., None, None]  # (B, H, 1, 1)
+        end = c[:, :, i, -1].exp().unsqueeze(-1)  # (B, H, D, 1)
         state = state * end + k_decayed[:, :, i].transpose(-2, -1) @ u  # (B, H, d_k, d_v)
     out = torch.stack(outputs, dim=2).reshape(B, H, n * size, -1)[:, :, :L]
     return out, state  # (B, H, L, d_v), (B, H, d_k, d_v)
