@@ -124,12 +124,14 @@ def check_shards(
 def _check_group(shapes: list[tuple[int, ...]], layout: str, split_heads: bool) -> None:
     """The checks every rank makes on every rank's shapes, so all refuse together."""
     world, lengths, heads = len(shapes), [s[2] for s in shapes], shapes[0][1]
-    if len(set(shapes)) > 1:  # every rank holds a shard of one shape
-        raise ValueError(f"N must be divisible by P = {world}, got shard lengths {lengths}")
+    if len(set(shapes)) > 1:  # chapter 14 prints this message and the next
+        raise ValueError(f"every rank must hold a shard of one shape, so N must be divisible by "
+                         f"P = {world}; got shard lengths {lengths}, shapes {shapes}")  # fmt: skip
     if layout == "zigzag" and lengths[0] % 2:  # a zig-zag shard is two chunks
         raise ValueError(f"N must be divisible by 2P = {2 * world}, got shards of {lengths[0]}")
-    if split_heads and heads % world:  # Ulysses gives each rank H / P whole heads
-        raise ValueError(f"H must be divisible by P = {world} (or use ring), got H = {heads}")
+    if split_heads and heads % world:
+        raise ValueError(f"Ulysses gives each rank H / P whole heads: H must be divisible by P "
+                         f"= {world}, got H = {heads} (or use ring attention)")  # fmt: skip
 
 
 def join_group(
