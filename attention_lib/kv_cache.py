@@ -48,9 +48,8 @@ def _check_rolling(keep_last: object, sink_tokens: object, window: object) -> tu
     keep_last = None if keep_last is None else check_int(name, keep_last, minimum=1)
     if sink_tokens is not None and keep_last is None:
         raise ValueError("sink_tokens needs keep_last (or window, its older name)")
-    return keep_last, None if sink_tokens is None else check_int(
-        "sink_tokens", sink_tokens, minimum=0
-    )
+    sinks = None if sink_tokens is None else check_int("sink_tokens", sink_tokens, minimum=0)
+    return keep_last, sinks
 
 
 class Snapshots:
@@ -196,10 +195,9 @@ class LayerKVCache(Snapshots, _Rolling):
         Raises:
             ValueError: naming what the cache holds and what was given.
         """
-        if self.key is None:
-            return
-        held = (*self.key.shape[:2], self.key.shape[-1], self.key.dtype, self.key.device)
-        if held != (batch, kv_heads, d_k, dtype, device):
+        k = self.key  # nothing held yet: anything fits
+        held = None if k is None else (*k.shape[:2], k.shape[-1], k.dtype, k.device)
+        if held not in (None, (batch, kv_heads, d_k, dtype, device)):
             given = f"B={batch}, H_kv={kv_heads}, d_k={d_k}, {dtype} on {device}"
             raise ValueError(f"kv_cache holds (B, H_kv, d_k, dtype, device) = {held}, not {given}")
 
