@@ -144,6 +144,7 @@ __all__ += [
 ]
 
 # --- decoding faster: speculative decoding, the acceptance rule, token trees (chapter 13)
+from .kv_cache import Snapshots
 from .speculative import (
     SpeculativeStats,
     acceptance_distribution,
@@ -151,15 +152,18 @@ from .speculative import (
     prompt_lookup,
     speculative_decode,
     tree_mask,
+    verify_guesses,
 )
 
 __all__ += [
+    "Snapshots",
     "SpeculativeStats",
     "acceptance_distribution",
     "expected_tokens",
     "prompt_lookup",
     "speculative_decode",
     "tree_mask",
+    "verify_guesses",
 ]
 
 # --- attention across machines: ring attention and Ulysses (chapter 14)
@@ -197,9 +201,12 @@ __all__ += ["LatentKVCache", "MultiHeadLatentAttention", "lightning_indexer", "t
 
 # --- attention without softmax: linear attention, the delta rule, hybrids (chapter 18)
 from .gated_deltanet import GatedDeltaNet, LayerStateCache
+from .kda import kimi_delta_attention
 from .linear_attention import gated_delta_rule, linear_attention
+from .mamba2 import mamba2_scan, ssd, ssd_mask
 
 __all__ += ["GatedDeltaNet", "LayerStateCache", "gated_delta_rule", "linear_attention"]
+__all__ += ["kimi_delta_attention", "mamba2_scan", "ssd", "ssd_mask"]
 
 # --- whole models: the blocks of today's decoders (CausalLM.from_hf, issue 35)
 from .blocks import BlockSpec, GatedMLP, RMSNorm
