@@ -113,7 +113,7 @@ def acceptance_distribution(p: Tensor, q: Tensor) -> Tensor:
     return kept + torch.where(mass > 0, rejected * residual / mass.clamp(min=1e-300), 0.0)
 
 
-def verify(
+def verify_guesses(
     p: Tensor,
     drafts: Tensor,
     q: Tensor | None = None,
@@ -378,7 +378,7 @@ def _loop(
         new = torch.cat([tokens[:, saved:], guesses[None]], dim=1)  # (1, unseen + k)
         logits = model(new, cache=cache)[0, -1 - len(guesses) :]  # (1 + k, V)
         p = logits if sample is None else _probs(logits, *sample)
-        a, token = verify(p, guesses, q, generator=generator)
+        a, token = verify_guesses(p, guesses, q, generator=generator)
         stats.verifications, stats.drafted = stats.verifications + 1, stats.drafted + len(guesses)
         stats.accepted += a
         _rollback(cache, start + a, saved)  # every token before `token`

@@ -14,7 +14,7 @@ from attention_lib.speculative import (
     prompt_lookup,
     speculative_decode,
     tree_mask,
-    verify,
+    verify_guesses,
 )
 
 V = 23
@@ -140,7 +140,7 @@ def test_sampled_frequencies_follow_the_target_within_a_stated_bound() -> None:
     n, counts = 20000, torch.zeros(5, dtype=torch.float64)
     for _ in range(n):
         guess = torch.multinomial(q, 1, generator=g)
-        a, token = verify(torch.stack([p, p2]), guess, q[None], generator=g)
+        a, token = verify_guesses(torch.stack([p, p2]), guess, q[None], generator=g)
         counts[int(guess) if a else token] += 1
     assert ((counts - n * p).abs() <= bernstein(p, n, 1e-6 / 5)).all(), (counts / n, p)
     assert counts[4] == 0  # a token the target never emits is never emitted
