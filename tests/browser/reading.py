@@ -127,47 +127,64 @@ def figure_texts(page) -> list[dict]:
     return out
 
 
-# axe-core's color-contrast rule is most of its time on a chapter (7 of 9 s on chapter 12):
-# it measures every element with text, and nine in ten of a chapter's elements are the
-# code cells' highlighting spans (7,695 of 8,604 in chapter 12), which repeat a few styles
-# (21 there). Spans that look alike get the same answer: same token class, colour, font,
-# shadow, and the same backgrounds, opacity, filter and blending up to the first opaque
-# ancestor (all axe-core reads to compute a contrast). The first span of each look that is
-# shown whole inside its code block is measured; the others of that look are marked
-# ``data-afs-axe-same`` and left out of color-contrast only (every other rule still reads
-# every element). A look with no span shown whole is measured span by span, as before.
-SAME_CODE_LOOK_JS = """() => {
+# axe-core's color-contrast rule is most of its time on a page (7 of 9 s on chapter 12, 28
+# of 31 s on api_models): it measures every element with text, and most of a page's are
+# leaves that repeat a few looks: the code cells' highlighting spans (7,695 of chapter 12's
+# 8,604 elements, 21 looks), the API pages' signature spans, em and code. Leaves that look
+# alike get the same answer: same tag and class, colour, font, shadow, the backgrounds up
+# to the first opaque one, and the opacity, filter and blending of every ancestor (all
+# axe-core reads to compute a contrast). The first leaf of each look that is shown whole
+# (rendered, inside every box that clips it) is measured; the others of that look are
+# marked ``data-afs-axe-same`` and left out of color-contrast only (every other rule still
+# reads every element). A look with no leaf shown whole is measured leaf by leaf.
+SAME_LOOK_JS = """() => {
+    const styles = new Map();
+    const style = (e) => {
+        if (!styles.has(e)) styles.set(e, getComputedStyle(e));
+        return styles.get(e);
+    };
     const backdrop = (e) => {
         const out = [];
+        let opaque = false;
         for (; e && e.nodeType === 1; e = e.parentElement) {
-            const cs = getComputedStyle(e);
-            out.push([cs.backgroundColor, cs.backgroundImage, cs.opacity, cs.filter,
-                      cs.mixBlendMode].join(' '));
-            if (/^rgb\\(/.test(cs.backgroundColor) && cs.backgroundImage === 'none') break;
+            const cs = style(e);
+            const paints = [cs.opacity, cs.filter, cs.mixBlendMode];
+            if (!opaque) paints.push(cs.backgroundColor, cs.backgroundImage);
+            out.push(paints.join(' '));
+            opaque = opaque || (/^rgb\\(/.test(cs.backgroundColor) && cs.backgroundImage === 'none');
         }
         return out.join('|');
     };
-    const shownWhole = (s) => {
-        const r = s.getBoundingClientRect(), box = s.closest('pre').getBoundingClientRect();
-        return r.width > 0 && r.height > 0 && s.getClientRects().length === 1
-            && r.left >= box.left && r.right <= box.right
-            && r.top >= box.top && r.bottom <= box.bottom;
+    const shownWhole = (e) => {
+        const r = e.getBoundingClientRect();
+        if (!(r.width > 0 && r.height > 0) || e.getClientRects().length !== 1) return false;
+        if (!e.checkVisibility({opacityProperty: true, visibilityProperty: true})) return false;
+        for (let a = e.parentElement; a && a !== document.documentElement; a = a.parentElement) {
+            const cs = style(a);
+            if (cs.overflowX === 'visible' && cs.overflowY === 'visible') continue;
+            const box = a.getBoundingClientRect();
+            if (r.left < box.left || r.right > box.right || r.top < box.top
+                || r.bottom > box.bottom) return false;
+        }
+        return true;
     };
-    const looks = new Map();  // look -> {measured: span or null, rest: [span]}
-    for (const s of document.querySelectorAll('div.highlight pre span')) {
-        if ([...s.childNodes].some(c => c.nodeType !== 3) || s.closest('a')) continue;
-        const cs = getComputedStyle(s);
-        const look = [s.className, cs.color, cs.fontSize, cs.fontWeight, cs.fontStyle,
-                      cs.fontFamily, cs.textShadow, backdrop(s)].join(';');
+    const looks = new Map();  // look -> {measured: leaf or null, rest: [leaf]}
+    for (const e of document.querySelectorAll('article *')) {
+        if (!e.firstChild || [...e.childNodes].some(c => c.nodeType !== 3)) continue;
+        if (!e.textContent.trim()) continue;
+        const cs = style(e);
+        const look = [e.tagName, e.className, cs.color, cs.fontSize, cs.fontWeight,
+                      cs.fontStyle, cs.fontFamily, cs.textShadow, cs.textStrokeWidth,
+                      backdrop(e)].join(';');
         if (!looks.has(look)) looks.set(look, {measured: null, rest: []});
         const group = looks.get(look);
-        if (!group.measured && shownWhole(s)) group.measured = s;
-        else group.rest.push(s);
+        if (!group.measured && shownWhole(e)) group.measured = e;
+        else group.rest.push(e);
     }
     let marked = 0;
     for (const {measured, rest} of looks.values()) {
         if (!measured) continue;
-        for (const s of rest) { s.setAttribute('data-afs-axe-same', ''); marked++; }
+        for (const e of rest) { e.setAttribute('data-afs-axe-same', ''); marked++; }
     }
     axe.configure({rules: [{id: 'color-contrast', selector: '*:not([data-afs-axe-same])'}]});
     return {looks: looks.size, marked};
@@ -186,14 +203,13 @@ def _axe_script() -> str:
 def axe_impacts(page) -> dict[str, list[str]]:
     """axe-core's violations on ``page``: impact -> ["rule-id (n nodes)", ...].
 
-    Every rule runs on the whole page; color-contrast measures one code span of each look
-    (SAME_CODE_LOOK_JS: chapter 12, 21 s -> 6 s), so its node count counts looks, not
-    spans. Only violations are asked for (``resultTypes``): axe-core still runs every
+    Every rule runs on the whole page; color-contrast measures one leaf of each look
+    (SAME_LOOK_JS), so its node count counts looks, not elements. Only violations are asked for (``resultTypes``): axe-core still runs every
     rule on every node, but lists one node per passed, incomplete or inapplicable rule
     instead of all of them: about half its time on a long chapter (40 -> 19 s on
     chapter 10)."""
     page.evaluate(_axe_script())
-    page.evaluate(SAME_CODE_LOOK_JS)
+    page.evaluate(SAME_LOOK_JS)
     report = page.evaluate(AXE_RUN_JS, {"resultTypes": ["violations"]})
     found: dict[str, list[str]] = {}
     for v in report["violations"]:
