@@ -120,10 +120,8 @@ class PagedKVCache:
             mixer = layer.self_attn
             if not isinstance(mixer, MultiHeadAttention):  # a model we cannot serve: ValueError
                 kind = getattr(layer, "layer_type", None) or type(mixer).__name__
-                raise ValueError(  # noqa: TRY004
-                    f"layer {i} ({kind!r}, {type(mixer).__name__}) is not served by the paged "
-                    "engine: only softmax attention layers (full, sliding, chunked) keep blocks"
-                )
+                what = f"layer {i} ({kind!r}, {type(mixer).__name__})"
+                raise ValueError(f"{what}: the paged engine serves softmax attention only")  # noqa: TRY004
             shapes.add((mixer.num_kv_heads, mixer.d_k))
         if len(shapes) != 1:
             raise ValueError(f"the layers' (num_kv_heads, d_k) differ: {sorted(shapes)}")
