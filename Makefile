@@ -24,7 +24,8 @@ book: $(STAMP)
 ## make test: the library's tests and the book's tests (side by side, one core each), nbval
 ## over every notebook (on this CPU, then as another CPU would run it; two notebooks at a
 ## time), the strict book build (both editions side by side), the browser tests (both
-## editions side by side): every stage keeps a 2-core machine's two cores busy.
+## editions side by side): every stage keeps a 2-core machine's two cores busy (about 37
+## minutes there with .ci/run's installs, README.md).
 test: unit-and-booktests nbval nbval-portable build-strict browser
 	@echo "All tests passed."
 
