@@ -58,7 +58,8 @@ class CausalLM(DecoderConverters, nn.Module):
 
     Explained in chapter 9, *Attention that writes*; layer types, chunks and
     NoPE layers in chapter 16, *Long contexts*. :meth:`from_hf` builds one
-    from a 🤗 transformers decoder (Llama 3, Qwen3, Gemma 3, SmolLM3).
+    from a 🤗 transformers decoder (Llama 3, Qwen3, Gemma 2 and 3, SmolLM3,
+    DeepSeek-V3 with dense layers, Qwen3-Next with dense layers, gpt-oss).
 
     Args:
         vocab_size: number of token ids ``0 .. vocab_size - 1``.
