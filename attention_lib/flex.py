@@ -133,7 +133,7 @@ def document_ids(lengths: Tensor | Sequence[int], total: int | None = None) -> T
     one after the other, ``[0] * lengths[0] + [1] * lengths[1] + ...``.
 
     With ``total`` larger than ``sum(lengths)``, the rest of the row is padding,
-    marked ``-1`` (a document of its own for :func:`document`). Explained in
+    marked ``-1`` (a document of its own for :func:`~attention_lib.flex.document`). Explained in
     chapter 19, *Masks as programs*.
 
     Returns:
@@ -156,7 +156,7 @@ def document_positions(doc_ids: Tensor) -> Tensor:
     document as if it were alone. Explained in chapter 19, *Masks as programs*.
 
     Args:
-        doc_ids: ``(L,)`` or ``(B, L)`` integer document ids (:func:`document_ids`).
+        doc_ids: ``(L,)`` or ``(B, L)`` integer document ids (:func:`~attention_lib.document_ids`).
 
     Returns:
         Long tensor of the shape of ``doc_ids``.
@@ -183,7 +183,7 @@ def document(doc_ids: Tensor) -> MaskMod:
 
     Args:
         doc_ids: ``(L,)`` (one layout for every row) or ``(B, L)`` integer
-            document ids (:func:`document_ids`); ``Lq = Lk = L``.
+            document ids (:func:`~attention_lib.document_ids`); ``Lq = Lk = L``.
 
     Raises:
         TypeError: if ``doc_ids`` is not an integer tensor.
@@ -318,7 +318,7 @@ def alibi(slopes: Tensor) -> ScoreMod:
     Explained in chapter 19, *Masks as programs*.
 
     Args:
-        slopes: ``(H,)`` floating tensor, e.g. :func:`alibi_slopes`.
+        slopes: ``(H,)`` floating tensor, e.g. :func:`~attention_lib.alibi_slopes`.
 
     Raises:
         TypeError: if ``slopes`` is not a 1-D floating tensor.

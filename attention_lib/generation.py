@@ -133,7 +133,7 @@ def generate(
             stops (later columns of a tensor result repeat it), and
             generation ends when every sequence has; ``None``: never stop early.
         assistant_model: a draft ``CausalLM`` with the same vocabulary:
-            speculative decoding (:mod:`attention_lib.speculative`) of one
+            speculative decoding (``attention_lib.speculative``) of one
             ``(1, T0)`` prompt, with the cache; greedy gives the tokens of
             greedy decoding, sampling follows ``model``'s distribution exactly.
         num_assistant_tokens: the draft's guesses per pass of ``model``, ``>= 1``.

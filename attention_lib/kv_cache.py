@@ -346,7 +346,7 @@ class KVCache(_Rolling):
         return self.layers[index]
 
     def snapshot(self) -> None:
-        """Take a :class:`Snapshots` snapshot of every layer that takes one: a
+        """Take a :class:`~attention_lib.kv_cache.Snapshots` snapshot of every layer that takes one: a
         later :meth:`crop` of the tokens seen since comes back to it
         (chapter 13)."""
         for layer in self.layers:

@@ -70,7 +70,7 @@ class SpeculativeStats:
 
     @property
     def tokens_per_verification(self) -> float:
-        """Tokens emitted per target pass: accepted guesses plus one each pass."""
+        """The tokens emitted per pass of the target (accepted guesses, plus one a pass)."""
         return (self.accepted + self.verifications) / max(self.verifications, 1)
 
 
@@ -231,7 +231,7 @@ def tree_mask(parents: Sequence[int], past: int = 0) -> tuple[Tensor, Tensor]:
 
 
 def _probs(logits: Tensor, temperature: float, top_k: int | None) -> Tensor:
-    """``(..., V)`` logits -> the sampling distribution of :func:`generate`."""
+    """``(..., V)`` logits -> the sampling distribution of :func:`~attention_lib.generate`."""
     logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
@@ -285,7 +285,7 @@ def speculative_decode(
         prompt_lookup_num_tokens: guesses per verification copied from the
             text so far (:func:`prompt_lookup`) instead of a draft model.
         max_matching_ngram_size: the longest n-gram prompt lookup matches.
-        do_sample, temperature, top_k, generator: as :func:`generate`; sampling
+        do_sample, temperature, top_k, generator: as :func:`~attention_lib.generate`; sampling
             uses the exact acceptance rule.
         eos_token_id: stop after this token.
 
