@@ -40,3 +40,24 @@ def validation_calls():
         return calls
 
     return count
+
+
+@pytest.fixture
+def hf_sdpa_mask():
+    """``hf_sdpa_mask(function, q_len, k_len, q_offset=0, kv_offset=0)``: 🤗 transformers'
+    dense ``(q_len, k_len)`` mask of a mask function, as its models build it for a layer
+    (``sdpa_mask`` with the positions of the first query and the first stored key)."""
+    from transformers.masking_utils import sdpa_mask
+
+    def build(function, q_len: int, k_len: int, q_offset: int = 0, kv_offset: int = 0):
+        return sdpa_mask(
+            batch_size=1,
+            q_length=q_len,
+            kv_length=k_len,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=function,
+            allow_is_causal_skip=False,
+        )[0, 0]
+
+    return build

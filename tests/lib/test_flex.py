@@ -20,7 +20,6 @@ from transformers.masking_utils import (
     chunked_causal_mask_function,
     create_causal_mask,
     find_packed_sequence_indices,
-    sdpa_mask,
     sliding_window_causal_mask_function,
 )
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
@@ -44,19 +43,6 @@ from attention_lib.dsa import top_k_mask
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
-def hf_mask(function, q_len, k_len, q_offset=0, kv_offset=0):
-    """transformers' dense mask of a mask function, as sdpa_mask builds it for a layer."""
-    return sdpa_mask(
-        batch_size=1,
-        q_length=q_len,
-        kv_length=k_len,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=function,
-        allow_is_causal_skip=False,
-    )[0, 0]
-
-
 def llama_config():
     config = LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
     config._attn_implementation = "sdpa"
@@ -64,17 +50,17 @@ def llama_config():
 
 
 @pytest.mark.parametrize("q_len, k_len", [(6, 6), (1, 9), (3, 8), (8, 3)])
-def test_causal_with_an_offset_is_the_library_mask_and_transformers(q_len, k_len):
+def test_causal_with_an_offset_is_the_library_mask_and_transformers(q_len, k_len, hf_sdpa_mask):
     offset = k_len - q_len  # the queries after the cache
     mine = dense_mask(flex.causal(offset), q_len, k_len)[0, 0]
     assert torch.equal(mine, causal_mask(q_len, k_len, offset=offset))
     if offset >= 0:  # transformers' queries start at q_offset of the same keys
-        hf = hf_mask(lambda b, h, q, k: k <= q, q_len, k_len, q_offset=offset)
+        hf = hf_sdpa_mask(lambda b, h, q, k: k <= q, q_len, k_len, q_offset=offset)
         assert torch.equal(mine, hf)
 
 
 @pytest.mark.parametrize("offset", [0, 3])
-def test_sliding_window_and_chunks_are_the_library_masks_and_transformers(offset):
+def test_sliding_window_and_chunks_are_the_library_masks_and_transformers(offset, hf_sdpa_mask):
     q_len, k_len = 12 - offset, 12
     for mod, lib, hf in [
         (
@@ -90,7 +76,7 @@ def test_sliding_window_and_chunks_are_the_library_masks_and_transformers(offset
     ]:
         mine = dense_mask(mod, q_len, k_len)[0, 0]
         assert torch.equal(mine, lib)
-        assert torch.equal(mine, hf_mask(hf, q_len, k_len, q_offset=offset))
+        assert torch.equal(mine, hf_sdpa_mask(hf, q_len, k_len, q_offset=offset))
 
 
 def test_causal_and_padding_is_the_library_mask_and_create_causal_mask():

@@ -10,7 +10,6 @@ import torch
 from transformers import Gemma2Config, Gemma3TextConfig, Llama4TextConfig
 from transformers.masking_utils import (
     chunked_causal_mask_function,
-    sdpa_mask,
     sliding_window_causal_mask_function,
 )
 
@@ -23,41 +22,27 @@ from attention_lib.mha import MultiHeadAttention
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _hf_mask(function, q_len: int, k_len: int, q_offset: int, kv_offset: int) -> torch.Tensor:
-    """transformers' mask, as its models build it (``sdpa_mask`` with the positions of
-    the first query and the first stored key), ``(q_len, k_len)``."""
-    return sdpa_mask(
-        batch_size=1,
-        q_length=q_len,
-        kv_length=k_len,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=function,
-        allow_is_causal_skip=False,
-    )[0, 0]
-
-
 @pytest.mark.parametrize("chunk", [1, 3, 4])
 @pytest.mark.parametrize("past,q_len", [(0, 10), (0, 1), (5, 1), (6, 3), (8, 7)])
-def test_chunked_mask_equals_transformers(chunk: int, past: int, q_len: int) -> None:
+def test_chunked_mask_equals_transformers(chunk: int, past: int, q_len: int, hf_sdpa_mask) -> None:
     # Our cache of a chunked layer starts at a chunk: `past` seen, `past // c * c` dropped.
     dropped = past // chunk * chunk
     stored = past - dropped
     ours = causal_mask(q_len, stored + q_len, offset=stored, chunk=chunk)
     function = chunked_causal_mask_function(chunk, torch.zeros(1, dtype=torch.long))
-    theirs = _hf_mask(function, q_len, stored + q_len, q_offset=past, kv_offset=dropped)
+    theirs = hf_sdpa_mask(function, q_len, stored + q_len, q_offset=past, kv_offset=dropped)
     assert torch.equal(ours, theirs)
     # ... and with every key kept (a full cache): the chunks count from key 0
     full = causal_mask(q_len, past + q_len, offset=past, chunk=chunk)
-    assert torch.equal(full, _hf_mask(function, q_len, past + q_len, past, 0))
+    assert torch.equal(full, hf_sdpa_mask(function, q_len, past + q_len, past, 0))
 
 
 @pytest.mark.parametrize("window", [1, 2, 5])
 @pytest.mark.parametrize("past,q_len", [(0, 9), (4, 1), (7, 4)])
-def test_sliding_mask_equals_transformers(window: int, past: int, q_len: int) -> None:
+def test_sliding_mask_equals_transformers(window: int, past: int, q_len: int, hf_sdpa_mask) -> None:
     ours = causal_mask(q_len, past + q_len, offset=past, window=window)
     function = sliding_window_causal_mask_function(window)
-    assert torch.equal(ours, _hf_mask(function, q_len, past + q_len, past, 0))
+    assert torch.equal(ours, hf_sdpa_mask(function, q_len, past + q_len, past, 0))
 
 
 def test_chunk_and_window_keep_what_both_keep() -> None:
