@@ -213,7 +213,7 @@ from .blocks import BlockSpec, GatedMLP, RMSNorm
 
 __all__ += ["BlockSpec", "GatedMLP", "RMSNorm"]
 
-# --- masks as programs: FlexAttention's mask_mod/score_mod for the book's masks (chapter 19);
+# --- masks as programs: FlexAttention's mask_mod/score_mod for the book's masks (chapter 20);
 # the builders (flex.causal, flex.document, flex.softcap, ...) are read from attention_lib.flex
 from .flex import (
     alibi_slopes,

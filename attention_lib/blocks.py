@@ -18,7 +18,7 @@ A :class:`BlockSpec` names these choices as one frozen value, which
 ``CausalLM(block=...)`` (and :class:`~attention_lib.Encoder`) take: every
 layer of the model is built from it. ``BlockSpec()`` is chapter 7's block.
 
-Explained in chapter 20, *Assembling a 2026 model*, the closing chapter of
+Explained in chapter 21, *Assembling a 2026 model*, the closing chapter of
 Part IV.
 """
 
@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
     ones; ``offset=1`` is Gemma's ``1 + w``, ``w`` starting at zeros. Either
     way a fresh norm scales by one.
 
-    Explained in chapter 20, *Assembling a 2026 model*, the closing chapter
+    Explained in chapter 21, *Assembling a 2026 model*, the closing chapter
     of Part IV.
 
     Args:
@@ -101,7 +101,7 @@ class GatedMLP(nn.Module):
     ``d_model * d_ff`` where chapter 7's MLP has two: gated models pick a
     smaller ``d_ff`` for the same parameters.
 
-    Explained in chapter 20, *Assembling a 2026 model*, the closing chapter
+    Explained in chapter 21, *Assembling a 2026 model*, the closing chapter
     of Part IV.
 
     Args:
@@ -146,7 +146,7 @@ class BlockSpec:
     ``BlockSpec("rms_1p", mlp="geglu", sandwich=True)`` is Gemma 3's.
     The final norm of the stack is of the same kind.
 
-    Explained in chapter 20, *Assembling a 2026 model*, the closing chapter
+    Explained in chapter 21, *Assembling a 2026 model*, the closing chapter
     of Part IV.
 
     Attributes:

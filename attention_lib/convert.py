@@ -271,7 +271,7 @@ class AttentionConverters:
         (``is_causal=False``). A head width other than ``hidden_size //
         num_attention_heads`` (Qwen3, Gemma 3) is reproduced (``head_dim``), and
         so are Gemma 3's QK-norm, whose weight is ``1 + w``, and Qwen3-Next's
-        full-attention layer (chapter 20): its partial RoPE
+        full-attention layer (chapter 21): its partial RoPE
         (``partial_rotary_factor``, as ``rope_dim``) and its output gate, a
         ``q_proj`` twice as wide whose second half of each head's rows becomes
         ``W_g``.

@@ -13,7 +13,7 @@ function; :func:`dense_mask` turns one back into the library's keep-mask, and
 Every builder validates its arguments; the functions it returns check nothing
 (FlexAttention calls them once per score, or traces them).
 
-Explained in chapter 19, *Masks as programs*.
+Explained in chapter 20, *Masks as programs*.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def causal(offset: int = 0) -> MaskMod:
     ``offset = Lk - Lq`` puts the queries after ``Lk - Lq`` cached keys (the
     bottom-right alignment of a KV cache): :func:`~attention_lib.causal_mask`
     with the same ``offset`` (the causal mask and its offset: chapter 5).
-    Explained in chapter 19, *Masks as programs*.
+    Explained in chapter 20, *Masks as programs*.
 
     Raises:
         TypeError: if ``offset`` is not an int.
@@ -58,7 +58,7 @@ def sliding_window(window: int, offset: int = 0) -> MaskMod:
 
     Equals :func:`~attention_lib.causal_mask` with ``window`` (and 🤗
     transformers' ``sliding_window_causal_mask_function``; sliding windows:
-    chapter 10). Explained in chapter 19, *Masks as programs*.
+    chapter 10). Explained in chapter 20, *Masks as programs*.
 
     Raises:
         TypeError: if ``window`` or ``offset`` is not an int.
@@ -79,7 +79,7 @@ def chunked(chunk_size: int, offset: int = 0) -> MaskMod:
 
     Equals :func:`~attention_lib.causal_mask` with ``chunk`` (and 🤗
     transformers' ``chunked_causal_mask_function``; chunked layers: chapter
-    16). Explained in chapter 19, *Masks as programs*.
+    16). Explained in chapter 20, *Masks as programs*.
 
     Raises:
         TypeError: if ``chunk_size`` or ``offset`` is not an int.
@@ -111,7 +111,7 @@ def padding(lengths: Tensor | Sequence[int]) -> MaskMod:
 
     The ``mask_mod`` of :func:`~attention_lib.padding_mask`; combine it with
     :func:`causal` by ``torch.nn.attention.flex_attention.and_masks``. Explained
-    in chapter 19, *Masks as programs* (padding: chapter 5).
+    in chapter 20, *Masks as programs* (padding: chapter 5).
 
     Args:
         lengths: ``(B,)`` integer tensor or sequence of ints ``>= 0``.
@@ -134,7 +134,7 @@ def document_ids(lengths: Tensor | Sequence[int], total: int | None = None) -> T
 
     With ``total`` larger than ``sum(lengths)``, the rest of the row is padding,
     marked ``-1`` (a document of its own for :func:`~attention_lib.flex.document`). Explained in
-    chapter 19, *Masks as programs*.
+    chapter 20, *Masks as programs*.
 
     Returns:
         Long tensor ``(total,)``.
@@ -153,7 +153,7 @@ def document_ids(lengths: Tensor | Sequence[int], total: int | None = None) -> T
 def document_positions(doc_ids: Tensor) -> Tensor:
     """Positions that restart at 0 at every new document of a packed row
     (``doc_ids[..., t] != doc_ids[..., t - 1]``): the RoPE positions of each
-    document as if it were alone. Explained in chapter 19, *Masks as programs*.
+    document as if it were alone. Explained in chapter 20, *Masks as programs*.
 
     Args:
         doc_ids: ``(L,)`` or ``(B, L)`` integer document ids (:func:`~attention_lib.document_ids`).
@@ -179,7 +179,7 @@ def document(doc_ids: Tensor) -> MaskMod:
 
     Several documents packed in one row then attend as if each were alone
     (Llama 3's pre-training; 🤗 transformers builds the same mask when the
-    ``position_ids`` restart). Explained in chapter 19, *Masks as programs*.
+    ``position_ids`` restart). Explained in chapter 20, *Masks as programs*.
 
     Args:
         doc_ids: ``(L,)`` (one layout for every row) or ``(B, L)`` integer
@@ -205,7 +205,7 @@ def prefix_lm(prefix_len: int) -> MaskMod:
     both directions, the rest is causal: ``j <= i or j < prefix_len``.
 
     T5's prefix LM and PaliGemma's image-and-prompt prefix; 🤗 transformers
-    builds it with ``block_sequence_ids``. Explained in chapter 19, *Masks as
+    builds it with ``block_sequence_ids``. Explained in chapter 20, *Masks as
     programs*.
 
     Raises:
@@ -227,7 +227,7 @@ def tree(parents: Tensor | Sequence[int]) -> MaskMod:
     ``parents[i]`` is the index of token ``i``'s parent, ``-1`` for a root;
     parents come before their children (``parents[i] < i``). The ancestors are
     computed once, here, as an ``(N, N)`` table that the ``mask_mod`` reads.
-    Token trees are chapter 13's. Explained in chapter 19, *Masks as programs*.
+    Token trees are chapter 13's. Explained in chapter 20, *Masks as programs*.
 
     Raises:
         TypeError: if ``parents`` is not integer.
@@ -253,7 +253,7 @@ def from_keep(keep: Tensor) -> MaskMod:
 
     For masks that depend on data, not on positions, such as the top-k keys
     of DeepSeek's sparse attention (:func:`~attention_lib.dsa.top_k_mask`,
-    chapter 17). Explained in chapter 19, *Masks as programs*.
+    chapter 17). Explained in chapter 20, *Masks as programs*.
 
     Args:
         keep: bool keep-mask ``(Lq, Lk)``, ``(B or 1, H or 1, Lq, Lk)``.
@@ -276,7 +276,7 @@ def softcap(cap: float) -> ScoreMod:
     """Soft-capping ``score_mod`` (Gemma 2): ``cap * tanh(score / cap)``.
 
     The ``softcap`` of :func:`~attention_lib.scaled_dot_product_attention`
-    (chapter 15). Explained in chapter 19, *Masks as programs*.
+    (chapter 15). Explained in chapter 20, *Masks as programs*.
 
     Raises:
         TypeError: if ``cap`` is not a real number.
@@ -294,7 +294,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     """ALiBi's head slopes: ``2^(-8/n), 2^(-16/n), ...`` for ``n`` heads a power of
     two; otherwise those of the nearest power of two below, then every other
     slope of twice that (the paper's rule, 🤗 transformers' BLOOM).
-    Explained in chapter 19, *Masks as programs*.
+    Explained in chapter 20, *Masks as programs*.
 
     Returns:
         Float32 tensor ``(num_heads,)``.
@@ -315,7 +315,7 @@ def alibi(slopes: Tensor) -> ScoreMod:
     """ALiBi ``score_mod``: ``score + slopes[h] * (j - i)``, a penalty that grows
     linearly with the distance to the key (no positional embedding at all).
 
-    Explained in chapter 19, *Masks as programs*.
+    Explained in chapter 20, *Masks as programs*.
 
     Args:
         slopes: ``(H,)`` floating tensor, e.g. :func:`~attention_lib.alibi_slopes`.
@@ -340,7 +340,7 @@ def with_sink(output: Tensor, lse: Tensor, sink: Tensor) -> Tensor:
     log-sum-exp ``lse`` (``flex_attention(..., return_aux=AuxRequest(lse=True))``),
     the output shrinks by ``exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)``:
     the ``sink`` of :func:`~attention_lib.scaled_dot_product_attention`
-    (chapter 15). Explained in chapter 19, *Masks as programs*.
+    (chapter 15). Explained in chapter 20, *Masks as programs*.
 
     Args:
         output: ``(B, H, Lq, d_v)`` attention output without the sink.
@@ -383,7 +383,7 @@ def dense_mask(
     FlexAttention's own ``create_mask`` evaluates ``mask_mod`` at every
     ``(b, h, i, j)``; the result broadcasts against scores ``(B, H, Lq, Lk)``
     like :func:`~attention_lib.causal_mask` and
-    :func:`~attention_lib.padding_mask`. Explained in chapter 19, *Masks as
+    :func:`~attention_lib.padding_mask`. Explained in chapter 20, *Masks as
     programs*.
 
     Args:
@@ -418,7 +418,7 @@ def tile_kinds(block_mask: BlockMask) -> Tensor:
     every pair (``full_kv_indices``), tiles where it keeps some
     (``kv_indices``, the mask is applied inside) and tiles it keeps nothing of,
     which a compiled kernel never visits. The codes are chapter 11's.
-    Explained in chapter 19, *Masks as programs*.
+    Explained in chapter 20, *Masks as programs*.
 
     Args:
         block_mask: a ``torch.nn.attention.flex_attention.BlockMask``.

@@ -298,7 +298,7 @@ class GatedDeltaNet(nn.Module):
         ``need_weights`` raises ``ValueError``. A padding keep-mask zeroes the
         padded tokens' inputs, as transformers' Qwen3-Next does: a zero input
         writes nothing into a zero state, so a left-padded sequence computes
-        what it computes alone (chapter 20).
+        what it computes alone (chapter 21).
 
         Explained in chapter 18, *Attention without softmax*.
         """

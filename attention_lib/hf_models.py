@@ -25,7 +25,7 @@ finished model is run once against the original on a short probe
 (``check=True``), so a computation that no submodule shows (a multiplier in
 the model's own ``forward``) is refused too, never converted silently wrong.
 
-Explained in chapter 20, *Assembling a 2026 model*, the closing chapter of
+Explained in chapter 21, *Assembling a 2026 model*, the closing chapter of
 Part IV.
 """
 
@@ -58,7 +58,7 @@ class DecoderConverters:
     (``CausalLM.from_hf(model)``): it builds ``cls`` from a whole 🤗
     transformers decoder, or refuses the model by name.
 
-    Explained in chapter 20, *Assembling a 2026 model*, the closing chapter
+    Explained in chapter 21, *Assembling a 2026 model*, the closing chapter
     of Part IV.
     """
 
@@ -99,7 +99,7 @@ class DecoderConverters:
         ``MultiHeadAttention.from_hf`` refuses (``"dynamic"`` RoPE,
         a bias in some projections only, ...).
 
-        Explained in chapter 20, *Assembling a 2026 model*, the closing
+        Explained in chapter 21, *Assembling a 2026 model*, the closing
         chapter of Part IV.
 
         Args:

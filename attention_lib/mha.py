@@ -132,7 +132,7 @@ class MultiHeadAttention(nn.Module, AttentionConverters):
         rope_dim: partial RoPE (Qwen3-Next, a quarter of each head): with
             ``rope_base``, only the first ``rope_dim`` coordinates of each
             query and key head turn, at the speeds of a head of width
-            ``rope_dim``; the others carry no position (chapter 20). ``None``
+            ``rope_dim``; the others carry no position (chapter 21). ``None``
             (default) for all ``d_k``.
         device: device of the parameters.
         dtype: dtype of the parameters.

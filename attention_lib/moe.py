@@ -12,7 +12,7 @@ the up projection are clamped (``gate <= limit``, ``|up| <= limit``), and the
 gate's activation is ``gate * sigmoid(alpha * gate)`` multiplied by
 ``up + 1``.
 
-Explained in chapter 20, *Assembling a 2026 model*, the closing chapter of
+Explained in chapter 21, *Assembling a 2026 model*, the closing chapter of
 Part IV.
 """
 
@@ -33,7 +33,7 @@ class MixtureOfExperts(nn.Module):
     ``clamped_swiglu(g, u) = (clamp(u, -limit, limit) + 1) * g' *
     sigmoid(alpha * g')`` and ``g' = clamp(g, max=limit)``.
 
-    Explained in chapter 20, *Assembling a 2026 model*, the closing chapter
+    Explained in chapter 21, *Assembling a 2026 model*, the closing chapter
     of Part IV.
 
     Args:
@@ -99,7 +99,7 @@ class MixtureOfExperts(nn.Module):
         ``gate_up_proj`` (even columns: gate, odd: up), ``down_proj`` and
         their biases, copied.
 
-        Explained in chapter 20, *Assembling a 2026 model*.
+        Explained in chapter 21, *Assembling a 2026 model*.
 
         Raises:
             TypeError: if ``mlp`` does not have a ``GptOssMLP``'s parts.

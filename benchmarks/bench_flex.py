@@ -1,4 +1,4 @@
-"""Benchmark: FlexAttention eager and compiled against SDPA with the dense mask (chapter 19).
+"""Benchmark: FlexAttention eager and compiled against SDPA with the dense mask (chapter 20).
 
 For a few of the book's masks (``attention_lib.flex``: causal, a sliding window,
 packed documents) and lengths, times three ways of computing the same attention:

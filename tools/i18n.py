@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -231,6 +232,9 @@ def extract(pot_dir: Path = POT_DIR, doctrees: Path | None = None) -> None:
     """Run Sphinx's gettext builder over the book: one ``.pot`` per page in ``pot_dir``."""
     from jupyter_book.sphinx import build_sphinx
 
+    # A page renamed since the last run would leave its old template behind, and
+    # `update` would make a catalog for a page that no longer exists.
+    shutil.rmtree(pot_dir, ignore_errors=True)
     overrides = {"external_toc_path": "_toc.yml", "latex_individualpages": False}
     result = build_sphinx(
         ROOT,

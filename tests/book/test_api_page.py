@@ -58,9 +58,9 @@ SUBMODULE_ONLY = {
     "attention_lib.distributed.gather",
     "attention_lib.dsa.LightningIndexer",
     "attention_lib.dsa.top_k_mask",
-    # chapter 20's mixture of experts (gpt-oss), read as attention_lib.moe.MixtureOfExperts
+    # chapter 21's mixture of experts (gpt-oss), read as attention_lib.moe.MixtureOfExperts
     "attention_lib.moe.MixtureOfExperts",
-    # chapter 19's mask_mod/score_mod builders, read as flex.causal(...), flex.document(...)
+    # chapter 20's mask_mod/score_mod builders, read as flex.causal(...), flex.document(...)
     *(
         f"attention_lib.flex.{name}"
         for name in "causal sliding_window chunked padding document prefix_lm tree "

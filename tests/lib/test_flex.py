@@ -1,4 +1,4 @@
-"""attention_lib.flex (chapter 19): every mask_mod equals the library's keep-mask and 🤗
+"""attention_lib.flex (chapter 20): every mask_mod equals the library's keep-mask and 🤗
 transformers' masking_utils, called as its models call them; every score_mod equals the
 library's attention (soft-capping, sinks) or the model that introduced it (ALiBi:
 BLOOM); FlexAttention with each BlockMask equals F.scaled_dot_product_attention with
