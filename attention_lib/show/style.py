@@ -18,8 +18,10 @@ in pixels, it is :func:`text_css_px` CSS px high. The rules:
 - a figure is at most :data:`MAX_WIDTH_IN` = 7.1 in (682 px) wide, so the column
   never shrinks it on a desktop: its smallest text stays >= :data:`MIN_TEXT_PX`
   = 9 CSS px. Grids of heatmaps wrap their panels to fit (few per row);
-- on a phone the column is about 358 px: a figure shrinks, and the book's
-  ``afs.js`` lets the reader tap it open at full size.
+- on a phone the column is about 358 px: a figure would shrink to 5-7 px text, so a
+  notebook's figure also carries a narrower *phone rendition*
+  (:mod:`attention_lib.show.phone`), which the book shows on narrow screens; the
+  book's ``afs.js`` lets the reader tap a shrunk figure open at full size.
 
 :func:`book_style` is the matplotlib ``rc`` context that the library's own
 plotting functions draw in; :func:`use_book_style` applies the same rules to a
@@ -119,6 +121,13 @@ def _retina_inline_figures() -> None:
         backend.figure_formats = {"retina"}
     if not inline:
         select_figure_formats(shell, {"retina"})
+    # every figure's PNG also carries its phone rendition (attention_lib.show.phone)
+    from matplotlib.figure import Figure
+
+    from .phone import with_phone_rendition
+
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type(Figure, with_phone_rendition(png.lookup_by_type(Figure)))
 
 
 def _texts(fig: Figure, draw: bool = True) -> list[Any]:

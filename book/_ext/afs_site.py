@@ -254,6 +254,83 @@ def _translate_figure_alts(
     context["body"] = _ALT.sub(swap, body)
 
 
+# Issue 44, item 3: a phone rendition of each figure. A notebook's figure PNG may carry a
+# narrower rendition in its output metadata (attention_lib.show.phone: text that stays
+# >= 9 CSS px in a phone's column). myst-nb writes the desktop PNG as _images/<sha256>.png;
+# the rendition is written next to it as <sha256>-phone.png and given its own <img> after
+# the desktop one, in the same box; afs.css shows one of the two by the screen's width
+# (below 640 px), and a hidden lazy image is never fetched.
+PHONE_KEY = "afs_phone"
+_IMAGE_SRC = re.compile(r'<img\b[^>]*?\ssrc="([^"]*?_images/)([0-9a-f]{64})\.png"[^>]*>')
+
+
+def phone_renditions(notebook: dict) -> dict[str, dict]:
+    """The phone renditions a notebook's outputs carry: sha256 of the desktop PNG ->
+    ``{"png": bytes, "width": css px, "height": css px}``."""
+    import base64
+    import hashlib
+
+    found = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            phone = output.get("metadata", {}).get("image/png", {}).get(PHONE_KEY)
+            png = output.get("data", {}).get("image/png")
+            if not phone or not png:
+                continue
+            png = "".join(png) if isinstance(png, list) else png
+            key = hashlib.sha256(base64.b64decode(png)).hexdigest()
+            found[key] = {
+                "png": base64.b64decode(phone["png"]),
+                "width": int(phone["width"]),
+                "height": int(phone["height"]),
+            }
+    return found
+
+
+def add_phone_images(body: str, renditions: dict[str, dict]) -> tuple[str, set[str]]:
+    """``body`` with each desktop figure that has a phone rendition followed by the
+    rendition's <img> (class ``afs-phone``; the desktop one gets ``afs-desktop``), and the
+    sha256 keys used."""
+    used: set[str] = set()
+
+    def add(m: re.Match) -> str:
+        folder, key = m.group(1), m.group(2)
+        phone = renditions.get(key)
+        if phone is None:
+            return m.group(0)
+        used.add(key)
+        desktop = m.group(0)
+        alt = re.search(r'\salt="[^"]*"', desktop)
+        if re.search(r'\sclass="', desktop):
+            desktop = re.sub(r'\sclass="', ' class="afs-desktop ', desktop, count=1)
+        else:
+            desktop = desktop.replace("<img", '<img class="afs-desktop"', 1)
+        return (
+            f'{desktop}<img class="afs-phone"{alt.group(0) if alt else ""} '
+            f'src="{folder}{key}-phone.png" '
+            f'style="width: {phone["width"]}px; height: {phone["height"]}px;" />'
+        )
+
+    return _IMAGE_SRC.sub(add, body), used
+
+
+def _phone_figures(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    body = context.get("body")
+    source = Path(app.srcdir) / f"{pagename}.ipynb"
+    if not isinstance(body, str) or not source.exists():
+        return
+    renditions = phone_renditions(json.loads(source.read_text(encoding="utf-8")))
+    if not renditions:
+        return
+    context["body"], used = add_phone_images(body, renditions)
+    images = Path(app.outdir) / "_images"
+    images.mkdir(parents=True, exist_ok=True)
+    for key in used:
+        target = images / f"{key}-phone.png"
+        if not target.exists():
+            target.write_bytes(renditions[key]["png"])
+
+
 # Issue 44, item 5: figures and sliders numbered per chapter ("Fig. 11.1", "Slider 11.1"),
 # with one caption style. Sphinx numbers figures through the whole book (chapter 12 opened
 # on "Fig. 40": the TOC is not ``numbered``, the chapters carry their number in their
@@ -571,6 +648,8 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _theme_catalogs)
     app.connect("build-finished", _translate_chrome)
     app.connect("build-finished", _write_redirects)
+    # after the alt texts are translated (priority 500), before loading="lazy" (900)
+    app.connect("html-page-context", _phone_figures, priority=600)
     app.connect("html-page-context", _unique_scripts, priority=900)  # after the theme's
     app.connect("html-page-context", _lazy_figures, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

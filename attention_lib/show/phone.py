@@ -1,0 +1,202 @@
+"""A phone rendition of every figure, so a phone shows its text at >= 9 CSS px (issue 44).
+
+Explained in chapter 1, *Queries, keys and values* (its first cell calls
+:func:`~attention_lib.show.style.use_book_style`, which installs it); used by every
+static figure of the book.
+
+A figure laid out for the desktop column (:data:`~attention_lib.show.style.COLUMN_PX`,
+688 CSS px) is shrunk to about 358 CSS px on a 390 px phone: its 8-pt text, 10.7 CSS px
+at natural size, becomes 5-7 px. Text in points keeps its size when the *figure* is
+made narrower, so a narrower figure shown at (nearly) its natural size on the phone keeps
+its text legible. The rules (:func:`phone_png`):
+
+- a figure whose smallest text already shows at >= :data:`MIN_TEXT_PX` on the phone gets
+  no second rendition;
+- otherwise it is drawn again, at most :func:`phone_width_in` inches wide (so its
+  smallest text shows at >= 9 CSS px in :data:`PHONE_COLUMN_PX`), its height scaled less
+  than its width (panels keep room for their data);
+- a row of three or more panels of one grid is restacked two per row (panels that
+  stack), when every axes of the figure sits in one cell of that grid (colorbars
+  of a constrained layout follow their panel);
+- the figure is then put back as it was (size and grid), so a later display is unchanged.
+
+In a notebook, the inline backend's PNG of a figure carries the rendition in its output
+metadata (``metadata["image/png"]["afs_phone"]``: a base64 PNG at
+:data:`~attention_lib.show.style.PIXEL_RATIO` = 2 and its CSS size). nbval never
+compares metadata or PNGs; the book's Sphinx extension (``book/_ext/afs_site.py``) writes
+it next to the desktop PNG and shows one or the other by the screen's width.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import struct
+from typing import TYPE_CHECKING, Any
+
+from .style import DPI, MIN_FONT_PT, MIN_TEXT_PX, PIXEL_RATIO, smallest_font_pt, text_css_px
+
+if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
+    from matplotlib.figure import Figure
+
+#: Width of the book's text column on a 390 x 844 phone, in CSS px (Chromium: 358; a
+#: little less, so a rendition fits with the page's margins on slightly narrower phones).
+PHONE_COLUMN_PX = 350
+#: The narrowest a rendition is made, in inches (below it, panels have no room).
+MIN_PHONE_WIDTH_IN = 3.0
+#: A panel of a restacked grid is at least this wide on the phone, in inches.
+PHONE_PANEL_IN = 2.0
+#: Key of the rendition in the inline PNG's output metadata.
+METADATA_KEY = "afs_phone"
+
+
+def phone_width_in(font_pt: float) -> float:
+    """The widest a figure whose smallest text is ``font_pt`` points may be, in inches, for
+    that text to show at >= :data:`MIN_TEXT_PX` CSS px in a :data:`PHONE_COLUMN_PX` column."""
+    return font_pt * PHONE_COLUMN_PX / (72.0 * MIN_TEXT_PX)
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """Width and height in pixels of a PNG (its IHDR chunk)."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return struct.unpack(">II", png[16:24])
+
+
+def _rule_font(fig: Figure) -> float:
+    """The smallest font of ``fig`` (just drawn), in points, but at most the rules'
+    :data:`~attention_lib.show.style.MIN_FONT_PT`: what the book's browser suite assumes of
+    a static figure it measures, so a rendition is legible by that measure too."""
+    return min(smallest_font_pt(fig, draw=False), MIN_FONT_PT)
+
+
+def _save(fig: Figure, dpi: float) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _grid(fig: Figure) -> tuple[Any, list[tuple[Any, int]]] | None:
+    """The one top-level grid of a figure whose axes each fill one of its cells (colorbar
+    axes of a constrained layout aside), and each axes with its cell's index; ``None``
+    when the figure is laid out otherwise."""
+    from matplotlib.gridspec import GridSpec
+
+    constrained = type(fig.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
+    grid, cells = None, []
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        if spec is None:
+            if constrained and hasattr(ax, "_colorbar"):
+                continue
+            return None
+        gs = spec.get_gridspec()
+        if type(gs) is not GridSpec or (grid is not None and gs is not grid):
+            return None
+        if spec.num2 != spec.num1:
+            return None  # a panel over several cells
+        grid = gs
+        cells.append((ax, spec.num1))
+    return (grid, cells) if grid is not None else None
+
+
+def _restack(fig: Figure, width_in: float) -> tuple[float, list[tuple[Any, Any]]]:
+    """Restack a row of panels that would be narrower than :data:`PHONE_PANEL_IN` into
+    fewer columns; returns the factor of the height and what to put back."""
+    from matplotlib.gridspec import GridSpec
+
+    found = _grid(fig)
+    if found is None:
+        return 1.0, []
+    grid, cells = found
+    rows, cols = grid.get_geometry()
+    new_cols = max(1, int(width_in // PHONE_PANEL_IN))
+    if cols <= new_cols or cols < 3:
+        return 1.0, []
+    used = max(i for _, i in cells) + 1
+    new_rows = math.ceil(used / new_cols)
+    new = GridSpec(new_rows, new_cols, figure=fig)
+    undo = []
+    for ax, i in cells:
+        undo.append((ax, ax.get_subplotspec()))
+        ax.set_subplotspec(new[i // new_cols, i % new_cols])
+    # new_rows / rows as many rows; a panel's height follows its width by a square root
+    # (phone_png scales the whole figure's by (phone width / width) ** 0.5)
+    return new_rows / rows * (cols / new_cols) ** 0.5, undo
+
+
+def phone_png(fig: Figure, *, tries: int = 3) -> tuple[bytes, float, float] | None:
+    """The phone rendition of ``fig``: a PNG at ``PIXEL_RATIO * DPI`` dots per inch, cropped
+    to its content like the inline backend's, and its CSS width and height; ``None`` when
+    the figure's own rendition already shows its smallest text at >= ``MIN_TEXT_PX`` on
+    the phone, or has no text.
+
+    The figure is resized (and a wide row of panels restacked) only while this runs.
+    """
+    dpi = DPI * PIXEL_RATIO
+    fig.canvas.draw()
+    try:
+        font = _rule_font(fig)
+    except ValueError:
+        return None
+    natural = fig.get_tightbbox(fig.canvas.get_renderer()).width * DPI
+    if text_css_px(font, DPI, natural, PHONE_COLUMN_PX) >= MIN_TEXT_PX:
+        return None
+    size = fig.get_size_inches().copy()
+    target = max(MIN_PHONE_WIDTH_IN, phone_width_in(font))
+    height_factor, undo = _restack(fig, target)
+    try:
+        width = target
+        # the cropped image's width is the figure's, give or take its outer text: narrow it
+        # until the text shows large enough (at most ``tries`` renders)
+        for _ in range(tries):
+            scale = width / size[0]
+            fig.set_size_inches(width, size[1] * height_factor * max(scale, 0.35) ** 0.5)
+            png = _save(fig, dpi)
+            px_w, px_h = png_size(png)
+            css_w, css_h = px_w / PIXEL_RATIO, px_h / PIXEL_RATIO
+            font = _rule_font(fig)
+            shown = text_css_px(font, DPI, css_w, PHONE_COLUMN_PX)
+            if shown >= MIN_TEXT_PX or width <= MIN_PHONE_WIDTH_IN:
+                break
+            width = max(MIN_PHONE_WIDTH_IN, width * shown / MIN_TEXT_PX * 0.98)
+        return png, css_w, css_h
+    finally:
+        for ax, spec in undo:
+            ax.set_subplotspec(spec)
+        fig.set_size_inches(size)
+
+
+def phone_metadata(fig: Figure) -> dict[str, Any] | None:
+    """The output metadata entry of ``fig``'s phone rendition (see the module's
+    docstring), or ``None`` when it needs none."""
+    found = phone_png(fig)
+    if found is None:
+        return None
+    png, width, height = found
+    return {
+        "png": base64.b64encode(png).decode("ascii"),
+        "width": round(width),
+        "height": round(height),
+    }
+
+
+def with_phone_rendition(png_formatter: Any) -> Any:
+    """Wrap the inline backend's PNG formatter of figures (``(png, metadata)``) so that its
+    metadata also carries the phone rendition (:data:`METADATA_KEY`)."""
+    if getattr(png_formatter, "_afs_phone", False):
+        return png_formatter
+
+    def formatter(fig: Figure) -> Any:
+        out = png_formatter(fig)
+        if out is None:
+            return out
+        data, md = out if isinstance(out, tuple) else (out, {})
+        phone = phone_metadata(fig)
+        if phone is None:
+            return out
+        return data, {**(md or {}), METADATA_KEY: phone}
+
+    formatter._afs_phone = True  # type: ignore[attr-defined]
+    return formatter
