@@ -201,12 +201,13 @@ __all__ += ["LatentKVCache", "MultiHeadLatentAttention", "lightning_indexer", "t
 
 # --- attention without softmax: linear attention, the delta rule, hybrids (chapter 18)
 from .gated_deltanet import GatedDeltaNet, LayerStateCache
-from .kda import kimi_delta_attention
+from .kda import KimiDeltaAttention, kimi_delta_attention
 from .linear_attention import gated_delta_rule, linear_attention
-from .mamba2 import mamba2_scan, ssd, ssd_mask
+from .mamba2 import Mamba2, mamba2_scan, ssd, ssd_mask
 
 __all__ += ["GatedDeltaNet", "LayerStateCache", "gated_delta_rule", "linear_attention"]
-__all__ += ["kimi_delta_attention", "mamba2_scan", "ssd", "ssd_mask"]
+__all__ += ["KimiDeltaAttention", "Mamba2", "kimi_delta_attention", "mamba2_scan"]
+__all__ += ["ssd", "ssd_mask"]
 
 # --- whole models: the blocks of today's decoders (CausalLM.from_hf, issue 35)
 from .blocks import BlockSpec, GatedMLP, RMSNorm
@@ -231,4 +232,29 @@ __all__ += [
     "document_positions",
     "tile_kinds",
     "with_sink",
+]
+
+# --- attention beyond text: images as tokens, 2-D RoPE, M-RoPE, the vision mask (chapter 19)
+from .vision import (
+    PatchEmbedding,
+    VisionTransformer,
+    mrope,
+    mrope_positions,
+    patch_positions,
+    patchify,
+    rope_2d,
+    tokens_per_image,
+    vision_mask,
+)
+
+__all__ += [
+    "PatchEmbedding",
+    "VisionTransformer",
+    "mrope",
+    "mrope_positions",
+    "patch_positions",
+    "patchify",
+    "rope_2d",
+    "tokens_per_image",
+    "vision_mask",
 ]

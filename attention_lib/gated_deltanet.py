@@ -97,7 +97,146 @@ class LayerStateCache(Snapshots):
             )
 
 
-class GatedDeltaNet(nn.Module):
+class RecurrentMixer(nn.Module):
+    """What the token mixers with a fixed-size state share (chapter 18).
+
+    :class:`GatedDeltaNet`, Kimi Delta Attention
+    (:class:`~attention_lib.kda.KimiDeltaAttention`) and Mamba-2
+    (:class:`~attention_lib.mamba2.Mamba2`) mix the tokens causally with
+    themselves, use no positions and keep a :class:`LayerStateCache`: the
+    checked ``forward``, the protocol's ``mix``, ``make_cache`` and
+    ``check_cache``, and the causal short convolution are written once here;
+    a subclass computes ``_mix(x, cache, keep)``.
+
+    Explained in chapter 18, *Attention without softmax*.
+    """
+
+    def forward(
+        self,
+        x: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = True,
+        need_weights: bool = False,
+        kv_cache: LayerStateCache | None = None,
+        positions: Tensor | None = None,
+        step: Step | None = None,
+    ) -> Tensor:
+        """Mix the tokens of ``x``; with a cache, continue after its tokens.
+
+        Called as a self-attention sublayer is (``layer(x, x, x, kv_cache=...)``,
+        the way :class:`~attention_lib.EncoderLayer` calls its token mixer) or
+        simply ``layer(x)``. It mixes ``x`` with itself, causally, and uses no
+        positions (the order of the tokens is in the recurrence), so
+        ``positions`` is ignored.
+
+        Args:
+            x: ``(B, L, d_model)``.
+            key, value: ``None`` or ``x`` itself.
+            mask: must be ``None``: a padding mask is not supported.
+            is_causal: must be ``True``: the recurrence only looks back.
+            need_weights: must be ``False``: there are no attention weights.
+            kv_cache: a :class:`LayerStateCache` holding the state after the
+                tokens before ``x`` (empty for a new sequence); it is replaced
+                by the state after ``x``.
+            positions: ignored.
+            step: a model's call (the mixer protocol of
+                :mod:`attention_lib.protocols`): the
+                :class:`~attention_lib.protocols.Step` it prepared and
+                validated; only ``kv_cache`` and ``need_weights`` are read
+                besides. ``None``: the checked call.
+
+        Returns:
+            ``(B, L, d_model)``.
+
+        Raises:
+            TypeError: if ``x`` is not a floating tensor or ``kv_cache`` not a
+                :class:`LayerStateCache`.
+            ValueError: if ``x`` is not ``(B, L, d_model)``, the cache holds
+                another batch or dtype, or the call asks for what the layer
+                cannot do (a mask, weights, non-causal mixing, another key).
+        """
+        if step is not None:  # a model's call (the mixer protocol): checked by the model
+            return self.mix(x, step, kv_cache, need_weights=need_weights)
+        check_tensor("x", x, min_dim=3)
+        check_same("d_model (last dim)", x=x.shape[-1], layer=self.d_model)
+        others = [t for t in (key, value) if t is not None and t is not x]
+        if mask is not None or need_weights or not is_causal or others:
+            raise ValueError(
+                f"{type(self).__name__} mixes x causally with itself: no mask, no weights"
+            )
+        if kv_cache is not None:
+            self.check_cache(kv_cache, len(x), x.dtype, x.device)
+        return self._mix(x, kv_cache, None)
+
+    def mix(
+        self, x: Tensor, step: Step, cache: LayerStateCache | None, *, need_weights: bool = False
+    ) -> Tensor:
+        """Mix the new tokens ``x`` as a decoder's token mixer (the protocol of
+        :mod:`attention_lib.protocols`); no checks. Always causal, no positions;
+        ``need_weights`` raises ``ValueError``. A padding keep-mask zeroes the
+        padded tokens' inputs, as transformers' models do: a zero input
+        writes nothing into a zero state, so a left-padded sequence computes
+        what it computes alone (chapter 21).
+
+        Explained in chapter 18, *Attention without softmax*.
+        """
+        if need_weights or not step.causal:
+            raise ValueError(f"{type(self).__name__} mixes x causally with itself: no weights")
+        keep = step.keep_for(x.shape[1])  # (B, 1, 1, L) or None
+        if keep is not None:
+            keep = keep[:, 0, 0, :, None].to(x.dtype)  # (B, L, 1)
+            x = x * keep  # (B, L, d_model), padding zeroed
+        return self._mix(x, cache, keep)
+
+    def check_cache(
+        self, cache: object, batch: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Refuse a ``cache`` this layer cannot continue (what :meth:`forward`
+        checks of its ``kv_cache``), for a model that checks every layer's once.
+
+        Raises:
+            TypeError: if ``cache`` is not a :class:`LayerStateCache`.
+            ValueError: if it holds another batch, dtype or device.
+        """
+        if not isinstance(cache, LayerStateCache):
+            raise TypeError(f"kv_cache must be a LayerStateCache, got {type(cache).__name__}")
+        state = cache.state  # float32 for float16 / bfloat16 x (the cores' precision)
+        dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        held = None if state is None else (len(state), state.dtype, state.device)
+        if held not in (None, given := (batch, dtype, device)):
+            raise ValueError(f"kv_cache holds (B, dtype, device) {held}, not {given}")
+
+    def make_cache(self) -> LayerStateCache:
+        """An empty :class:`LayerStateCache`.
+
+        Explained in chapter 18, *Attention without softmax*.
+        """
+        return LayerStateCache()
+
+    def _mix(self, x: Tensor, cache: LayerStateCache | None, keep: Tensor | None) -> Tensor:
+        """The layer's computation on checked input (``keep``: ``(B, L, 1)``
+        padding keep-mask or ``None``, already applied to ``x``)."""
+        raise NotImplementedError
+
+    def _short_conv(self, qkv: Tensor, cache: LayerStateCache | None) -> Tensor:
+        """Causal depthwise convolution + SiLU over ``(B, L, C)``; the cache
+        supplies (and keeps) the ``conv_size - 1`` inputs before ``qkv``."""
+        taps = self.conv.kernel_size[0]
+        x = qkv.transpose(1, 2)  # (B, C, L)
+        past = None if cache is None else cache.conv
+        if past is None:  # the start of a sequence: zeros before it
+            past = x.new_zeros(*x.shape[:2], taps - 1)
+        x = torch.cat([past, x], dim=-1)  # (B, C, taps - 1 + L)
+        if cache is not None:
+            cache.conv = x[..., x.shape[-1] - (taps - 1) :].clone()  # (B, C, taps - 1)
+        out = F.conv1d(x, self.conv.weight, self.conv.bias, groups=x.shape[1])  # (B, C, L)
+        return F.silu(out).transpose(1, 2)  # (B, L, C)
+
+
+class GatedDeltaNet(RecurrentMixer):
     """Gated DeltaNet: a linear-attention token mixer with a fixed-size state.
 
     A drop-in for the self-attention of a decoder block (Qwen3-Next uses it in
@@ -232,109 +371,7 @@ class GatedDeltaNet(nn.Module):
             layer.W_o.weight.copy_(module.out_proj.weight)
         return layer.train(module.training)
 
-    def forward(
-        self,
-        x: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        mask: Tensor | None = None,
-        *,
-        is_causal: bool = True,
-        need_weights: bool = False,
-        kv_cache: LayerStateCache | None = None,
-        positions: Tensor | None = None,
-        step: Step | None = None,
-    ) -> Tensor:
-        """Mix the tokens of ``x``; with a cache, continue after its tokens.
-
-        Called as a self-attention sublayer is (``layer(x, x, x, kv_cache=...)``,
-        the way :class:`~attention_lib.EncoderLayer` calls its token mixer) or
-        simply ``layer(x)``. It mixes ``x`` with itself, causally, and uses no
-        positions (the order of the tokens is in the recurrence, as in
-        Qwen3-Next's linear layers), so ``positions`` is ignored.
-
-        Args:
-            x: ``(B, L, d_model)``.
-            key, value: ``None`` or ``x`` itself.
-            mask: must be ``None``: a padding mask is not supported.
-            is_causal: must be ``True``: the recurrence only looks back.
-            need_weights: must be ``False``: there are no attention weights.
-            kv_cache: a :class:`LayerStateCache` holding the state after the
-                tokens before ``x`` (empty for a new sequence); it is replaced
-                by the state after ``x``.
-            positions: ignored.
-            step: a model's call (the mixer protocol of
-                :mod:`attention_lib.protocols`): the
-                :class:`~attention_lib.protocols.Step` it prepared and
-                validated; only ``kv_cache`` and ``need_weights`` are read
-                besides. ``None``: the checked call.
-
-        Returns:
-            ``(B, L, d_model)``.
-
-        Raises:
-            TypeError: if ``x`` is not a floating tensor or ``kv_cache`` not a
-                :class:`LayerStateCache`.
-            ValueError: if ``x`` is not ``(B, L, d_model)``, the cache holds
-                another batch or dtype, or the call asks for what the layer
-                cannot do (a mask, weights, non-causal mixing, another key).
-        """
-        if step is not None:  # a model's call (the mixer protocol): checked by the model
-            return self.mix(x, step, kv_cache, need_weights=need_weights)
-        check_tensor("x", x, min_dim=3)
-        check_same("d_model (last dim)", x=x.shape[-1], layer=self.d_model)
-        others = [t for t in (key, value) if t is not None and t is not x]
-        if mask is not None or need_weights or not is_causal or others:
-            raise ValueError("GatedDeltaNet mixes x causally with itself: no mask, no weights")
-        if kv_cache is not None:
-            self.check_cache(kv_cache, len(x), x.dtype, x.device)
-        return self._mix(x, kv_cache)
-
-    def mix(
-        self, x: Tensor, step: Step, cache: LayerStateCache | None, *, need_weights: bool = False
-    ) -> Tensor:
-        """Mix the new tokens ``x`` as a decoder's token mixer (the protocol of
-        :mod:`attention_lib.protocols`); no checks. Always causal, no positions;
-        ``need_weights`` raises ``ValueError``. A padding keep-mask zeroes the
-        padded tokens' inputs, as transformers' Qwen3-Next does: a zero input
-        writes nothing into a zero state, so a left-padded sequence computes
-        what it computes alone (chapter 21).
-
-        Explained in chapter 18, *Attention without softmax*.
-        """
-        if need_weights or not step.causal:
-            raise ValueError("GatedDeltaNet mixes x causally with itself: no weights")
-        keep = step.keep_for(x.shape[1])  # (B, 1, 1, L) or None
-        if keep is not None:
-            x = x * keep[:, 0, 0, :, None].to(x.dtype)  # (B, L, d_model), padding zeroed
-        return self._mix(x, cache)
-
-    def check_cache(
-        self, cache: object, batch: int, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        """Refuse a ``cache`` this layer cannot continue (what :meth:`forward`
-        checks of its ``kv_cache``), for a model that checks every layer's once.
-
-        Raises:
-            TypeError: if ``cache`` is not a :class:`LayerStateCache`.
-            ValueError: if it holds another batch, dtype or device.
-        """
-        if not isinstance(cache, LayerStateCache):
-            raise TypeError(f"kv_cache must be a LayerStateCache, got {type(cache).__name__}")
-        state = cache.state  # float32 for float16 / bfloat16 x (gated_delta_rule's precision)
-        dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-        held = None if state is None else (len(state), state.dtype, state.device)
-        if held not in (None, given := (batch, dtype, device)):
-            raise ValueError(f"kv_cache holds (B, dtype, device) {held}, not {given}")
-
-    def make_cache(self) -> LayerStateCache:
-        """An empty :class:`LayerStateCache`.
-
-        Explained in chapter 18, *Attention without softmax*.
-        """
-        return LayerStateCache()
-
-    def _mix(self, x: Tensor, cache: LayerStateCache | None) -> Tensor:
+    def _mix(self, x: Tensor, cache: LayerStateCache | None, keep: Tensor | None) -> Tensor:
         """The computation of :meth:`forward` on checked input."""
         B, L, _ = x.shape
         H, d, H_k, d_k = self.num_heads, self.head_dim, self.num_key_heads, self.key_head_dim
@@ -346,12 +383,12 @@ class GatedDeltaNet(nn.Module):
         v = v.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
         q, k = (t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))  # unit
         beta = self.W_b(x).sigmoid().transpose(1, 2)  # (B, H, L): write strength
-        g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)  # (B, L, H): log-decay
+        g = self._log_decay(x)  # (B, H, L), or (B, H, L, d_k) per channel: log-decay
         out, state = gated_delta_core(  # x was checked (by forward or the model): no checks
             q,
             k,
             v,
-            g.transpose(1, 2),
+            g,
             beta,
             None if cache is None else cache.state,
             scale=None,
@@ -360,19 +397,13 @@ class GatedDeltaNet(nn.Module):
         if cache is not None:
             cache.state, cache.position = state, cache.position + L
         z = self.W_z(x).view(B, L, H, d)  # the output gate
-        out = self.norm(out.transpose(1, 2)) * F.silu(z)  # (B, L, H, d)
+        out = self.norm(out.transpose(1, 2)) * self._gate(z)  # (B, L, H, d)
         return self.W_o(out.reshape(B, L, H * d))  # (B, L, d_model)
 
-    def _short_conv(self, qkv: Tensor, cache: LayerStateCache | None) -> Tensor:
-        """Causal depthwise convolution + SiLU over ``(B, L, C)``; the cache
-        supplies (and keeps) the ``conv_size - 1`` inputs before ``qkv``."""
-        taps = self.conv.kernel_size[0]
-        x = qkv.transpose(1, 2)  # (B, C, L)
-        past = None if cache is None else cache.conv
-        if past is None:  # the start of a sequence: zeros before it
-            past = x.new_zeros(*x.shape[:2], taps - 1)
-        x = torch.cat([past, x], dim=-1)  # (B, C, taps - 1 + L)
-        if cache is not None:
-            cache.conv = x[..., x.shape[-1] - (taps - 1) :].clone()  # (B, C, taps - 1)
-        out = F.conv1d(x, self.conv.weight, groups=x.shape[1])  # (B, C, L)
-        return F.silu(out).transpose(1, 2)  # (B, L, C)
+    def _log_decay(self, x: Tensor) -> Tensor:
+        """``g = -exp(A_log) softplus(W_a x + dt_bias)``: ``(B, H, L)``, one per head."""
+        return (-self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)).transpose(1, 2)
+
+    def _gate(self, z: Tensor) -> Tensor:
+        """The output gate's activation: SiLU (Qwen3-Next)."""
+        return F.silu(z)

@@ -16,7 +16,11 @@ its own RoPE base, as Gemma 3's 10k local and 1M global layers, or
 What is read is what the model *has* (its submodules, probed on inputs), not
 its class name. Qwen3-Next's linear layers become
 :class:`~attention_lib.gated_deltanet.GatedDeltaNet` s
-(``GatedDeltaNet.from_hf``, ``"linear"`` layers). Whatever this package does
+(``GatedDeltaNet.from_hf``, ``"linear"`` layers), Kimi Linear's KDA layers
+:class:`~attention_lib.kda.KimiDeltaAttention` s (``"kda"``) and the
+Mamba-2 layers of Bamba (whose sublayers are named ``mamba``,
+``feed_forward`` and ``pre_ff_layernorm``)
+:class:`~attention_lib.mamba2.Mamba2` s (``"mamba2"``). Whatever this package does
 not compute (a mixture-of-experts MLP other than gpt-oss's, which becomes a
 :class:`~attention_lib.moe.MixtureOfExperts`, a norm or an activation of another kind, an
 attention layer that ``MultiHeadAttention.from_hf`` refuses, a decoder layer
@@ -39,8 +43,10 @@ from torch import Tensor, nn
 
 from .blocks import BlockSpec
 from .convert import rms_norm_offset
-from .gated_deltanet import GatedDeltaNet
+from .gated_deltanet import GatedDeltaNet, RecurrentMixer
+from .kda import KimiDeltaAttention
 from .layer_types import LayerSpec
+from .mamba2 import Mamba2
 from .mha import MultiHeadAttention
 from .mla import MultiHeadLatentAttention
 from .moe import MixtureOfExperts
@@ -51,6 +57,22 @@ _PRE_NORM = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _SANDWICH = _PRE_NORM | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
 #: The activations of the gated MLPs this package computes.
 _GATED = {"swiglu": F.silu, "geglu": lambda x: F.gelu(x, approximate="tanh")}
+#: Other names of those sublayers (Qwen3-Next's and Bamba's linear layers, Bamba's MLP).
+_ALIASES = {
+    "linear_attn": "self_attn",
+    "mamba": "self_attn",
+    "feed_forward": "mlp",
+    "pre_ff_layernorm": "post_attention_layernorm",
+    "final_layernorm": "norm",
+}
+
+
+def _part(module: nn.Module, name: str) -> nn.Module | None:
+    """``module``'s sublayer ``name``, or the one that :data:`_ALIASES` names so."""
+    if (part := getattr(module, name, None)) is not None:
+        return part
+    other = (alias for alias, canonical in _ALIASES.items() if canonical == name)
+    return next((p for a in other if (p := getattr(module, a, None)) is not None), None)
 
 
 class DecoderConverters:
@@ -123,7 +145,7 @@ class DecoderConverters:
         check_bool("check", check)
         decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         config = getattr(model, "config", None)
-        parts = [getattr(decoder, n, None) for n in ("embed_tokens", "layers", "norm")]
+        parts = [_part(decoder, n) for n in ("embed_tokens", "layers", "norm")]
         kinds = (nn.Embedding, nn.ModuleList, nn.Module, nn.Linear)
         if config is None or not all(map(isinstance, (*parts, head), kinds)):
             what = "a transformers ...ForCausalLM (model.embed_tokens/layers/norm, lm_head, config)"
@@ -141,8 +163,8 @@ class DecoderConverters:
         ours = cls(
             embedding.num_embeddings,
             d_model,
-            next(m.num_heads for m in mixers if not isinstance(m, GatedDeltaNet)),  # each layer's
-            # own mixer replaces the one built here
+            next((m for m in mixers if not isinstance(m, RecurrentMixer)), mixers[0]).num_heads,
+            # each layer's own mixer replaces the one built here
             len(layers),
             max_len=max_len or int(getattr(config, "max_position_embeddings", 2048)),
             d_ff=d_ff,
@@ -177,11 +199,17 @@ def _attention(
     """Layer ``index``'s token mixer: ``MultiHeadAttention.from_hf``,
     ``MultiHeadLatentAttention.from_hf`` for DeepSeek's latent layers (those
     with a ``kv_b_proj``; without DeepSeek-V3.2's indexer), or
-    ``GatedDeltaNet.from_hf`` for Qwen3-Next's linear layers (``linear_attn``)."""
+    ``GatedDeltaNet.from_hf`` for Qwen3-Next's linear layers (``linear_attn``),
+    ``KimiDeltaAttention.from_hf`` for Kimi Linear's (a ``forget_gate``),
+    ``Mamba2.from_hf`` for Bamba's Mamba-2 layers (``mamba``)."""
     attention = getattr(layer, "self_attn", None)
     linear = getattr(layer, "linear_attn", None)
     if linear is not None and attention is None:  # Qwen3-Next's Gated DeltaNet (chapter 18)
         return GatedDeltaNet.from_hf(linear)  # or its ValueError, naming what it cannot compute
+    if (mamba := getattr(layer, "mamba", None)) is not None and attention is None:
+        return Mamba2.from_hf(mamba)  # Bamba's Mamba-2 layer (chapter 18)
+    if attention is not None and hasattr(attention, "forget_gate"):  # Kimi Linear's KDA
+        return KimiDeltaAttention.from_hf(attention)
     if attention is None:
         children = sorted(name for name, _ in layer.named_children())
         raise ValueError(f"cannot convert layer {index}: no self_attn (it has {children})")
@@ -197,9 +225,7 @@ def _attention(
 
 def _block(layer: nn.Module, index: int, d_model: int) -> tuple[BlockSpec, int]:
     """The :class:`BlockSpec` and ``d_ff`` of a decoder layer, or a ``ValueError``."""
-    children = {name for name, _ in layer.named_children()}
-    if "linear_attn" in children and "self_attn" not in children:  # a linear layer's mixer
-        children = children - {"linear_attn"} | {"self_attn"}
+    children = {_ALIASES.get(name, name) for name, _ in layer.named_children()}
     if children not in (_PRE_NORM, _SANDWICH):
         mlp = type(getattr(layer, "mlp", None)).__name__
         raise ValueError(
@@ -207,13 +233,13 @@ def _block(layer: nn.Module, index: int, d_model: int) -> tuple[BlockSpec, int]:
             f" not those of a pre-norm or sandwich block {sorted(_SANDWICH)}"
         )
     norms = {
-        _norm_kind(getattr(layer, name), d_model, f"layer {index}'s {name}")
+        _norm_kind(_part(layer, name), d_model, f"layer {index}'s {name}")
         for name in sorted(children)
         if name.endswith("layernorm")
     }
     if len(norms) > 1:
         raise ValueError(f"cannot convert layer {index}: its norms differ ({sorted(norms)})")
-    (norm, eps), mlp = norms.pop(), layer.mlp
+    (norm, eps), mlp = norms.pop(), _part(layer, "mlp")
     experts = {}
     if hasattr(mlp, "router"):  # gpt-oss's mixture of experts (its router's rule, top-k)
         moe = MixtureOfExperts.from_hf(mlp)
@@ -277,6 +303,8 @@ def _spec(mixer: MultiHeadAttention | MultiHeadLatentAttention | GatedDeltaNet) 
     layer's without its RoPE scaling, a linear layer's without its sizes,
     which the layer table does not pass: the converted module, which replaces
     the one built, has them)."""
+    if isinstance(mixer, (KimiDeltaAttention, Mamba2)):  # its sizes: see above
+        return LayerSpec("kda" if isinstance(mixer, KimiDeltaAttention) else "mamba2")
     if isinstance(mixer, GatedDeltaNet):
         return LayerSpec("linear")
     if isinstance(mixer, MultiHeadLatentAttention):
@@ -313,12 +341,12 @@ def _copy_block(theirs: nn.Module, layer: nn.Module, block: BlockSpec) -> None:
             "post_norm2": "post_feedforward_layernorm",
         }
     for ours, name in norms.items():
-        getattr(layer, ours).weight.copy_(getattr(theirs, name).weight)
+        getattr(layer, ours).weight.copy_(_part(theirs, name).weight)
     if block.mlp == "moe":  # gpt-oss: its router and experts (alpha, limit too)
         layer.ffn = MixtureOfExperts.from_hf(theirs.mlp)
         return
     for ours in ("gate", "up", "down"):
-        getattr(layer.ffn, ours).weight.copy_(getattr(theirs.mlp, f"{ours}_proj").weight)
+        getattr(layer.ffn, ours).weight.copy_(getattr(_part(theirs, "mlp"), f"{ours}_proj").weight)
 
 
 def _check_probe(model: nn.Module, ours: nn.Module) -> None:
@@ -327,7 +355,7 @@ def _check_probe(model: nn.Module, ours: nn.Module) -> None:
     length = min(8, ours.max_len)
     tokens = torch.arange(length, device=weight.device)[None] * 7 % ours.vocab_size  # (1, L)
     with torch.no_grad():
-        expected: Tensor = model(tokens).logits
+        expected: Tensor = model(tokens, use_cache=False).logits
         got = ours(tokens)
     scale = float(expected.abs().max()) + 1.0
     tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 3e-2

@@ -23,8 +23,11 @@ Explained in chapter 18, *Attention without softmax*.
 
 from __future__ import annotations
 
-from torch import Tensor
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from .gated_deltanet import GatedDeltaNet
 from .linear_attention import check_delta_args, gated_delta_core
 
 
@@ -87,3 +90,113 @@ def kimi_delta_attention(
         query, key, value, g, beta, initial_state, scale=scale, chunk_size=chunk_size
     )
     return (out, state) if output_final_state else out
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """Kimi Linear's KDA layer: a :class:`~attention_lib.gated_deltanet.GatedDeltaNet`
+    whose decay is per key channel.
+
+    Three parts differ from Qwen3-Next's layer, the rest (projections, short
+    convolution, unit queries and keys, ``beta``, the per-head RMSNorm, the
+    fixed-size :class:`~attention_lib.gated_deltanet.LayerStateCache`) is the
+    same module:
+
+    .. code-block:: text
+
+        g   = -exp(A_log[h]) * softplus(W_a2 W_a1 x + dt_bias)   (B, H, L, d_k): per channel
+        o   = kimi_delta_attention(q, k, v, g, beta)
+        out = W_o( RMSNorm(o) * sigmoid(W_z2 W_z1 x) )           (a low-rank gate)
+
+    The decay's and the output gate's projections are low rank (through one
+    head's width), as in 🤗 transformers' ``KimiLinearDeltaAttention``, which
+    :meth:`from_hf` copies.
+
+    Explained in chapter 18, *Attention without softmax*.
+
+    Args:
+        d_model: model width.
+        num_heads: heads ``H`` (queries, keys and values alike).
+        head_dim: width of a head; defaults to ``d_model // num_heads``.
+        conv_size: taps of the causal depthwise convolution (Kimi Linear: 4).
+        chunk_size: tokens per chunk of the chunked form (several new tokens).
+        eps: epsilon of the output RMSNorm.
+
+    Shapes:
+        - x: ``(B, L, d_model)``
+        - output: ``(B, L, d_model)``
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        *,
+        conv_size: int | None = 4,
+        chunk_size: int = 64,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(
+            d_model, num_heads, head_dim, conv_size=conv_size, chunk_size=chunk_size, eps=eps
+        )
+        d, width = self.head_dim, num_heads * self.head_dim
+        self.W_a, self.W_z = (  # low rank, through one head's width
+            nn.Sequential(nn.Linear(d_model, d, bias=False), nn.Linear(d, width, bias=False))
+            for _ in range(2)
+        )
+        self.dt_bias = nn.Parameter(torch.ones(width))  # one per key channel
+        self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(1, 16).log())  # per head
+
+    @classmethod
+    def from_hf(cls, module: nn.Module) -> KimiDeltaAttention:
+        """Build the layer that computes what a 🤗 transformers (5.24)
+        ``KimiLinearDeltaAttention`` computes, with copied parameters.
+
+        ``q_proj``, ``k_proj``, ``v_proj``, ``b_proj``, ``conv1d`` (with the
+        config's activation, which must be SiLU), the forget gate's
+        ``f_a_proj``/``f_b_proj``/``dt_bias``/``A_log``, the output gate's
+        ``g_a_proj``/``g_b_proj``, ``o_norm`` and ``o_proj`` are copied.
+
+        Explained in chapter 18, *Attention without softmax*.
+
+        Raises:
+            TypeError: if ``module`` is not a ``KimiLinearDeltaAttention``-like layer.
+            ValueError: a convolution activation other than SiLU, or a bias.
+        """
+        parts = ("q_proj", "k_proj", "v_proj", "b_proj", "conv1d", "forget_gate", "g_a_proj")
+        if not all(hasattr(module, part) for part in parts):
+            raise TypeError(
+                f"module must be a KimiLinearDeltaAttention, got {type(module).__name__}"
+            )
+        if module.activation not in ("silu", "swish") or module.conv1d.bias is not None:
+            raise ValueError(f"a SiLU convolution without bias only, got {module.activation!r}")
+        gate = module.forget_gate
+        layer = cls(
+            module.hidden_size,
+            module.num_heads,
+            module.head_dim,
+            conv_size=module.conv_kernel_size,
+            eps=module.o_norm.variance_epsilon,
+        ).to(module.o_proj.weight)
+        pairs = {
+            layer.W_q: module.q_proj, layer.W_k: module.k_proj, layer.W_v: module.v_proj,
+            layer.W_b: module.b_proj, layer.conv: module.conv1d, layer.W_a[0]: gate.f_a_proj,
+            layer.W_a[1]: gate.f_b_proj, layer.W_z[0]: module.g_a_proj,
+            layer.W_z[1]: module.g_b_proj, layer.norm: module.o_norm, layer.W_o: module.o_proj,
+        }  # fmt: skip
+        with torch.no_grad():
+            for mine, theirs in pairs.items():
+                mine.weight.copy_(theirs.weight)
+            layer.dt_bias.copy_(gate.dt_bias)
+            layer.A_log.copy_(gate.A_log.reshape(-1))
+        return layer.train(module.training)
+
+    def _log_decay(self, x: Tensor) -> Tensor:
+        """``-exp(A_log[h]) softplus(W_a x + dt_bias)``: ``(B, H, L, d_k)``."""
+        B, L, _ = x.shape
+        g = F.softplus(self.W_a(x) + self.dt_bias).view(B, L, self.num_heads, -1)
+        return (-self.A_log.exp()[:, None] * g).transpose(1, 2)  # (B, H, L, d_k)
+
+    def _gate(self, z: Tensor) -> Tensor:
+        """The output gate's activation: a sigmoid (Kimi Linear)."""
+        return z.sigmoid()

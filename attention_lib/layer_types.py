@@ -25,10 +25,13 @@ The attention types of this package, all :class:`~attention_lib.MultiHeadAttenti
 * ``"chunked"``: attention within chunks of ``chunk_size`` tokens; the cache
   keeps the current chunk only (:class:`~attention_lib.ChunkKVCache`);
 
-and one without softmax, ``"linear"``: a
+and three without softmax (chapter 18), whose cache is a fixed-size
+:class:`~attention_lib.gated_deltanet.LayerStateCache`: ``"linear"``, a
 :class:`~attention_lib.gated_deltanet.GatedDeltaNet` (Qwen3-Next's linear
-layer) whose cache is a fixed-size
-:class:`~attention_lib.gated_deltanet.LayerStateCache` (chapter 18).
+layer); ``"kda"``, a :class:`~attention_lib.kda.KimiDeltaAttention` (Kimi
+Linear's, a per-channel decay); ``"mamba2"``, a
+:class:`~attention_lib.mamba2.Mamba2` (options ``head_dim``,
+``state_size``, ``groups``).
 
 and two latent ones (chapter 17): ``"mla"``, a
 :class:`~attention_lib.MultiHeadLatentAttention` (DeepSeek-V3's MLA, with
@@ -68,7 +71,9 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from .gated_deltanet import GatedDeltaNet, LayerStateCache
+from .kda import KimiDeltaAttention
 from .kv_cache import ChunkKVCache, LayerKVCache
+from .mamba2 import Mamba2
 from .mha import MultiHeadAttention
 from .mla import LatentKVCache, MultiHeadLatentAttention
 from .validation import check_choice, check_instance
@@ -109,15 +114,21 @@ def _attention(extent: str | None = None) -> Callable[..., nn.Module]:
     return make_mixer
 
 
-def _linear(
-    d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **attention
-):
-    """Gated DeltaNet (chapter 18): no positions, no backend; it computes nothing else."""
-    given = {name for name, value in attention.items() if value is not None}
-    given -= {"backend", "rope_base", "rope_scaling", "num_kv_heads"}  # attention's only
-    if dropout or given:
-        raise ValueError(f"a 'linear' layer takes no dropout and none of {sorted(given)}")
-    return GatedDeltaNet(d_model, num_heads)
+def _recurrent(cls: type[nn.Module], *own: str) -> Callable[..., nn.Module]:
+    """The ``make_mixer`` of a layer with a fixed-size state (chapter 18):
+    no positions, no backend; it takes only its own options ``own``."""
+
+    def make_mixer(
+        d_model: int, num_heads: int, *, dropout: float, window=None, chunk_size=None, **options
+    ) -> nn.Module:
+        given = {name for name, value in options.items() if value is not None} - set(own)
+        given -= {"backend", "rope_base", "rope_scaling", "num_kv_heads"}  # attention's only
+        if dropout or given:
+            raise ValueError(f"a recurrent layer takes no dropout and none of {sorted(given)}")
+        mine = {name: value for name, value in options.items() if name in own and value is not None}
+        return cls(d_model, num_heads, **mine)
+
+    return make_mixer
 
 
 #: Model-wide options a latent layer does not use (MultiHeadAttention's only).
@@ -172,7 +183,11 @@ LAYER_TYPES: dict[str, LayerType] = {
     "full": LayerType(_attention(), lambda mixer: LayerKVCache()),
     "sliding": LayerType(_attention("window"), lambda mixer: LayerKVCache(keep_last=mixer.window)),
     "chunked": LayerType(_attention("chunk_size"), lambda mixer: ChunkKVCache(mixer.chunk_size)),
-    "linear": LayerType(_linear, lambda mixer: LayerStateCache()),  # chapter 18
+    "linear": LayerType(_recurrent(GatedDeltaNet), lambda mixer: LayerStateCache()),  # ch. 18
+    "kda": LayerType(_recurrent(KimiDeltaAttention, "head_dim"), lambda m: LayerStateCache()),
+    "mamba2": LayerType(
+        _recurrent(Mamba2, "head_dim", "state_size", "groups"), lambda m: LayerStateCache()
+    ),
     "mla": LayerType(_latent(False), lambda mixer: LatentKVCache()),  # chapter 17
     "dsa": LayerType(_latent(True), lambda mixer: LatentKVCache()),
 }

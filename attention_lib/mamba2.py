@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from .gated_deltanet import LayerStateCache, RecurrentMixer
 from .masks import causal_mask
 from .validation import (
     check_attention_args,
@@ -190,3 +191,152 @@ def mamba2_scan(
     out, *state = result if isinstance(result, tuple) else (result,)
     out = out + D[:, None, None] * x
     return (out, *state) if state else out
+
+
+class Mamba2(RecurrentMixer):
+    """Mamba-2's mixer: a token mixer with a fixed-size state, on :func:`ssd`.
+
+    The layer of Mamba-2 and of the Mamba-2 hybrids (Bamba, Nemotron-H,
+    Granite 4.0, Falcon-H1), 🤗 transformers' ``Mamba2Mixer``:
+
+    .. code-block:: text
+
+        z, xBC, dt = W_in x                                 (gate, conv input, steps)
+        x, B, C    = SiLU(causal depthwise conv(xBC))       (a short conv, 4 taps)
+        dt         = clamp(softplus(dt + dt_bias), time_step_limit)
+        y          = mamba2_scan(x, dt, -exp(A_log), B, C, D)   (B, C shared by a group)
+        out        = W_out( GroupRMSNorm(y * SiLU(z)) )
+
+    Its :class:`~attention_lib.gated_deltanet.LayerStateCache` keeps the
+    ``(B, H, N, P)`` state and the convolution's last inputs: its size does
+    not grow with the tokens.
+
+    Explained in chapter 18, *Attention without softmax*.
+
+    Args:
+        d_model: model width.
+        num_heads: heads ``H``; ``H * head_dim`` is the inner width
+            (Mamba-2: ``2 * d_model``).
+        head_dim: ``P``, width of a head's input; defaults to
+            ``2 * d_model // num_heads``.
+        state_size: ``N``, the width of ``B`` and ``C``.
+        groups: ``G``, dividing ``H``: ``B`` and ``C`` are shared by the
+            ``H // G`` heads of a group, and the output norm is per group.
+        conv_size: taps of the causal depthwise convolution.
+        chunk_size: tokens per chunk of :func:`ssd` for several new tokens.
+        bias: biases in ``W_in`` and ``W_out``.
+        conv_bias: a bias in the convolution.
+        time_step_limit: ``(min, max)`` clamp of ``dt``.
+        eps: epsilon of the output norm.
+
+    Shapes:
+        - x: ``(B, L, d_model)``
+        - output: ``(B, L, d_model)``
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        *,
+        state_size: int = 16,
+        groups: int = 1,
+        conv_size: int = 4,
+        chunk_size: int = 64,
+        bias: bool = False,
+        conv_bias: bool = True,
+        time_step_limit: tuple[float, float] = (0.0, float("inf")),
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.d_model, self.num_heads = d_model, check_int("num_heads", num_heads, minimum=1)
+        self.head_dim = check_int("head_dim", head_dim or 2 * d_model // num_heads, minimum=1)
+        self.state_size = check_int("state_size", state_size, minimum=1)
+        self.groups = check_int("groups", groups, minimum=1)
+        if num_heads % groups:
+            raise ValueError(f"groups must divide num_heads, got {groups} and {num_heads}")
+        self.chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+        self.time_step_limit = tuple(time_step_limit)
+        self.eps = eps
+        inner = num_heads * self.head_dim
+        channels = inner + 2 * groups * state_size  # x, B, C
+        self.W_in = nn.Linear(d_model, inner + channels + num_heads, bias=bias)
+        self.conv = nn.Conv1d(channels, channels, conv_size, groups=channels, bias=conv_bias)
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads))
+        self.A_log = nn.Parameter(torch.arange(1, num_heads + 1, dtype=torch.float32).log())
+        self.D = nn.Parameter(torch.ones(num_heads))
+        self.norm_weight = nn.Parameter(torch.ones(inner))
+        self.W_out = nn.Linear(inner, d_model, bias=bias)
+
+    @classmethod
+    def from_hf(cls, module: nn.Module) -> Mamba2:
+        """Build the layer that computes what a 🤗 transformers (5.24)
+        ``Mamba2Mixer`` (or a hybrid's copy of it, Bamba's ``BambaMixer``)
+        computes, with copied parameters: ``in_proj``, ``conv1d``,
+        ``dt_bias``, ``A_log``, ``D``, the gated norm's weight, ``out_proj``.
+
+        Explained in chapter 18, *Attention without softmax*.
+
+        Raises:
+            TypeError: if ``module`` is not a ``Mamba2Mixer``-like layer.
+            ValueError: a convolution activation other than SiLU.
+        """
+        parts = ("in_proj", "conv1d", "dt_bias", "A_log", "D", "norm", "out_proj")
+        if not all(hasattr(module, part) for part in parts):
+            raise TypeError(f"module must be a Mamba2Mixer, got {type(module).__name__}")
+        if module.activation not in ("silu", "swish"):
+            raise ValueError(f"a SiLU convolution only, got activation {module.activation!r}")
+        layer = cls(
+            module.hidden_size,
+            module.num_heads,
+            module.head_dim,
+            state_size=module.ssm_state_size,
+            groups=module.n_groups,
+            conv_size=module.conv_kernel_size,
+            chunk_size=module.chunk_size,
+            bias=module.in_proj.bias is not None,
+            conv_bias=module.conv1d.bias is not None,
+            time_step_limit=tuple(module.time_step_limit),
+            eps=module.norm.variance_epsilon,
+        ).to(module.out_proj.weight)
+        with torch.no_grad():
+            layer.W_in.load_state_dict(module.in_proj.state_dict())
+            layer.conv.load_state_dict(module.conv1d.state_dict())
+            layer.W_out.load_state_dict(module.out_proj.state_dict())
+            for name in ("dt_bias", "A_log", "D"):
+                getattr(layer, name).copy_(getattr(module, name))
+            layer.norm_weight.copy_(module.norm.weight)
+        return layer.train(module.training)
+
+    def _mix(self, x: Tensor, cache: LayerStateCache | None, keep: Tensor | None) -> Tensor:
+        """The computation of :meth:`forward` on checked input."""
+        B, L, _ = x.shape
+        H, P, N, G = self.num_heads, self.head_dim, self.state_size, self.groups
+        z, xBC, dt = self.W_in(x).split([H * P, H * P + 2 * G * N, H], dim=-1)
+        xBC = self._short_conv(xBC, cache)  # (B, L, H P + 2 G N)
+        if keep is not None:  # the padded tokens write nothing (the conv's bias)
+            xBC = xBC * keep
+        u, b, c = xBC.split([H * P, G * N, G * N], dim=-1)
+        dt = F.softplus(dt + self.dt_bias).clamp(*self.time_step_limit)  # (B, L, H)
+        dt = dt.transpose(1, 2)  # (B, H, L)
+        r = H // G  # heads per group
+        b, c = (t.view(B, L, G, N).transpose(1, 2).repeat_interleave(r, 1) for t in (b, c))
+        u = u.view(B, L, H, P).transpose(1, 2)  # (B, H, L, P)
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        state = None if cache is None else cache.state
+        if state is None:
+            state = x.new_zeros(B, H, N, P, dtype=dtype)
+        g = dt * -self.A_log.exp()[:, None]  # (B, H, L) log-decay
+        size = min(L, self.chunk_size)
+        y, state = _ssd_chunked(
+            *(t.to(dtype) for t in (c, b, u * dt.unsqueeze(-1), g, state)), size
+        )  # (B, H, L, P), (B, H, N, P)
+        if cache is not None:
+            cache.state, cache.position = state, cache.position + L
+        y = y + self.D[:, None, None] * u  # the skip connection
+        y = y.transpose(1, 2).reshape(B, L, H * P) * F.silu(z.to(dtype))  # gated
+        y = y.view(B, L, G, -1)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)  # per group
+        y = self.norm_weight * y.view(B, L, H * P).to(x.dtype)
+        return self.W_out(y)  # (B, L, d_model)

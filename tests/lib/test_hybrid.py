@@ -1,4 +1,6 @@
-"""Hybrid models (chapter 18): ``CausalLM(layer_types=[..., "linear", ...])``.
+"""Hybrid models (chapter 18): ``CausalLM(layer_types=[..., "linear", ...])``,
+and with Kimi Linear's ``"kda"`` and Mamba-2's ``"mamba2"`` layers (checked
+against transformers' layers in test_kda.py and test_mamba2.py).
 
 A ``"linear"`` layer is a Gated DeltaNet (attention_lib.gated_deltanet, checked
 against Qwen3-Next's layer in test_linear_attention.py) in place of the attention
@@ -23,8 +25,13 @@ def model(kinds=HYBRID, **options) -> CausalLM:
     return CausalLM(13, 32, 2, len(kinds), max_len=64, layer_types=kinds, **options).eval()
 
 
+KIMI, NEMOTRON = ["kda", "kda", "kda", "full"], ["mamba2", "full", "mamba2"]  # KDA, Mamba-2
+KINDS = [HYBRID, ["linear"] * 2, ["full", "linear", "sliding"], KIMI, NEMOTRON]
+RECURRENT = ("linear", "kda", "mamba2")  # a fixed-size state
+
+
 @pytest.mark.parametrize("positional", ["rope", "learned"])
-@pytest.mark.parametrize("kinds", [HYBRID, ["linear"] * 2, ["full", "linear", "sliding"]])
+@pytest.mark.parametrize("kinds", KINDS, ids=str)
 def test_prefill_and_decode_equal_the_full_pass(kinds, positional) -> None:
     lm = model(kinds, positional=positional, window=4)
     tokens = torch.randint(0, 13, (2, 30), generator=torch.Generator().manual_seed(1))
@@ -36,7 +43,7 @@ def test_prefill_and_decode_equal_the_full_pass(kinds, positional) -> None:
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=2e-5, rtol=1e-5)
     assert cache.position == 30
     for kind, layer_cache in zip(kinds, cache.layers):
-        expected = LayerStateCache if kind == "linear" else LayerKVCache
+        expected = LayerStateCache if kind in RECURRENT else LayerKVCache
         assert type(layer_cache) is expected and layer_cache.position == 30
 
 
@@ -53,8 +60,9 @@ def test_the_state_does_not_grow_the_keys_do() -> None:
     assert len(cache) == 40  # the full layer stores every token
 
 
-def test_generation_with_the_hybrid_cache_equals_recomputing() -> None:
-    lm = model()
+@pytest.mark.parametrize("kinds", [HYBRID, KIMI, NEMOTRON], ids=str)
+def test_generation_with_the_hybrid_cache_equals_recomputing(kinds) -> None:
+    lm = model(kinds)
     prompt = torch.randint(0, 13, (3, 7), generator=torch.Generator().manual_seed(3))
     cached = generate(lm, prompt, 12)
     assert torch.equal(cached, generate(lm, prompt, 12, use_cache=False))
@@ -69,12 +77,13 @@ def test_a_linear_layer_is_a_gated_deltanet_and_trains() -> None:
     assert all(g is not None and bool(g.abs().sum() > 0) for g in grads)
 
 
-def test_what_a_linear_layer_cannot_do_is_refused() -> None:
+@pytest.mark.parametrize("kinds", [HYBRID, KIMI, NEMOTRON], ids=str)
+def test_what_a_linear_layer_cannot_do_is_refused(kinds) -> None:
     with pytest.raises(ValueError, match="no dropout"):
-        model(dropout=0.1)
+        model(kinds, dropout=0.1)
     with pytest.raises(ValueError, match="qk_norm"):
-        model(qk_norm=True)
-    lm, tokens = model(), torch.randint(0, 13, (2, 5))
+        model(kinds, qk_norm=True)
+    lm, tokens = model(kinds), torch.randint(0, 13, (2, 5))
     with pytest.raises(ValueError, match="no weights"):
         lm(tokens, need_weights=True)
     padded = torch.cat([torch.zeros(2, 3, dtype=tokens.dtype), tokens], dim=1)  # left padding
@@ -83,7 +92,7 @@ def test_what_a_linear_layer_cannot_do_is_refused() -> None:
     alone, got = lm(tokens), lm(padded, mask=keep.expand(2, 8), positions=positions)
     assert (got[:, 3:] - alone).abs().max() < 1e-5  # a left-padded row computes what it alone does
     full_cache = KVCache()
-    model(["full"] * 4)(tokens, cache=full_cache)  # a cache of another model's layers
+    model(["full"] * len(kinds))(tokens, cache=full_cache)  # another model's layers
     with pytest.raises(ValueError, match="layer_types"):
         lm(tokens[:, :1], cache=full_cache)
 

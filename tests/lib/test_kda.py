@@ -126,3 +126,69 @@ def test_refuses_bad_input() -> None:
         kimi_delta_attention(q, k, v, g, beta.long())
     with pytest.raises(ValueError, match="chunk_size"):
         kimi_delta_attention(q, k, v, g, beta, chunk_size=0)
+
+
+# --- the layer: KimiDeltaAttention.from_hf against KimiLinearDeltaAttention ---------------
+
+
+def kimi_layer(heads: int = 4, head_dim: int = 8):
+    """A random ``KimiLinearDeltaAttention`` (layer 0) and its config."""
+    cfg = KimiLinearConfig(
+        hidden_size=D_MODEL, num_hidden_layers=2, vocab_size=16,
+        linear_attn_config={"head_dim": head_dim, "num_heads": heads},
+        layer_types=["linear_attention", "full_attention"], num_attention_heads=2,
+        num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    layer = kimi.KimiLinearDeltaAttention(cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in layer.parameters():  # random, not the init's ones/zeros
+            p.copy_(torch.randn_like(p) * 0.3)
+        layer.forget_gate.A_log.uniform_(0, 2.7)  # exp(A_log) in [1, 15], the init's range
+    return cfg, layer
+
+
+@pytest.mark.parametrize("length", [1, 5, 70])  # one token, < and > a 64-token chunk
+def test_kda_layer_from_hf_equals_kimi_linear_prefill_and_decode(length) -> None:
+    """Called as ``KimiLinearDecoderLayer`` calls it, with the model's own
+    cache (convolution and recurrent state) for a prefill then 6 tokens."""
+    from transformers import DynamicCache
+
+    from attention_lib.gated_deltanet import LayerStateCache
+    from attention_lib.kda import KimiDeltaAttention
+
+    torch.manual_seed(length)
+    cfg, theirs = kimi_layer()
+    ours = KimiDeltaAttention.from_hf(theirs)
+    x = torch.randn(2, length + 6, D_MODEL)
+    steps = [slice(0, length)] + [slice(t, t + 1) for t in range(length, length + 6)]
+    mine, their_cache = LayerStateCache(), DynamicCache(config=cfg)
+    with torch.no_grad():
+        got = torch.cat([ours(x[:, s], kv_cache=mine) for s in steps], dim=1)
+        expected = torch.cat(
+            [theirs(hidden_states=x[:, s], cache=their_cache, attention_mask=None) for s in steps],
+            dim=1,
+        )
+        whole = ours(x)
+    assert expected.abs().mean() > 0.05  # a real signal
+    close(got, expected, 1e-5)
+    close(whole, expected, 1e-5)  # prefill + decode == one pass
+    assert mine.nbytes == 2 * 4 * 8 * 8 * 4 + 2 * 96 * 3 * 4  # state + the conv's last 3 inputs
+
+
+def test_kda_layer_per_channel_decay_matters() -> None:
+    """One decay per head (each head's channels averaged) changes the output:
+    the per-channel gate is what makes the layer equal."""
+    from attention_lib.kda import KimiDeltaAttention
+
+    torch.manual_seed(1)
+    ours = KimiDeltaAttention.from_hf(kimi_layer()[1])
+    x = torch.randn(1, 20, D_MODEL)
+    g = ours._log_decay(x)  # (B, H, L, d_k)
+    assert g.shape == (1, 4, 20, 8) and bool((g < 0).all())
+    scalar = g.mean(-1, keepdim=True).expand_as(g)
+    with torch.no_grad():
+        per_channel = ours(x)
+        ours._log_decay = lambda x: scalar  # this instance only
+        assert (ours(x) - per_channel).abs().max() > 1e-3
+    with pytest.raises(TypeError, match="KimiLinearDeltaAttention"):
+        KimiDeltaAttention.from_hf(torch.nn.Linear(2, 2))

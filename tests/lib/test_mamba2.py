@@ -141,3 +141,44 @@ def test_refuses_bad_input() -> None:
         ssd(C, B, x[:, :2], -dt[:, :2], schedule="fast")
     with pytest.raises(ValueError, match=r"\(B, H, L\)"):
         ssd(C, B, x[:, :2], -dt[:, :2, :3])
+
+
+# --- the layer: Mamba2.from_hf against Mamba2Mixer ---------------------------------------
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("length", [1, 5, 21])  # one token, < and > an 8-token chunk
+def test_mamba2_layer_from_hf_equals_mamba2_mixer_prefill_and_decode(groups, length) -> None:
+    """Called as ``Mamba2Block`` calls it, with the model's own cache (the
+    convolution and the SSM state) for a prefill then 6 tokens."""
+    from transformers import DynamicCache, Mamba2Config
+
+    from attention_lib.gated_deltanet import LayerStateCache
+    from attention_lib.mamba2 import Mamba2
+
+    torch.manual_seed(length)
+    cfg = Mamba2Config(
+        hidden_size=16, num_heads=4, head_dim=8, state_size=8, n_groups=groups,
+        conv_kernel=4, chunk_size=8, vocab_size=16, num_hidden_layers=1, use_bias=True,
+    )  # fmt: skip
+    theirs = mamba2.Mamba2Mixer(cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():  # random, not the init's ones/zeros
+            p.copy_(torch.randn_like(p) * 0.3)
+    ours = Mamba2.from_hf(theirs)
+    x = torch.randn(2, length + 6, 16)
+    steps = [slice(0, length)] + [slice(t, t + 1) for t in range(length, length + 6)]
+    mine, their_cache = LayerStateCache(), DynamicCache(config=cfg)
+    with torch.no_grad():
+        got = torch.cat([ours(x[:, s], kv_cache=mine) for s in steps], dim=1)
+        expected = torch.cat(
+            [theirs(x[:, s], cache=their_cache, attention_mask=None) for s in steps], dim=1
+        )
+        whole = ours(x)
+    assert expected.abs().mean() > 0.05  # a real signal
+    close(got, expected, 1e-5)
+    close(whole, expected, 1e-5)  # prefill + decode == one pass
+    channels = 32 + 2 * groups * 8  # x, B, C
+    assert mine.nbytes == 2 * 4 * 8 * 8 * 4 + 2 * channels * 3 * 4  # state + conv inputs
+    with pytest.raises(TypeError, match="Mamba2Mixer"):
+        Mamba2.from_hf(torch.nn.Linear(2, 2))

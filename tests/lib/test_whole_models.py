@@ -170,6 +170,22 @@ GPT_OSS = {  # sinks, sliding : full, YaRN from 16 positions, 2 of 4 experts per
         "original_max_position_embeddings": 16,
     },
 }
+KIMI_LINEAR = {  # KDA layers only (its full layers are NoPE MLA), MLPs dense
+    "num_hidden_layers": 3,
+    "layer_types": ["linear_attention"] * 3,
+    "mlp_layer_types": ["dense"] * 3,
+    "linear_attn_config": {"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4},
+    "use_cache": False,  # transformers 5.24's cache needs an attention layer
+}
+BAMBA = {  # Mamba-2 : attention : Mamba-2 (partial RoPE), grouped B and C, 8-token chunks
+    "num_hidden_layers": 3,
+    "attn_layer_indices": [1],
+    "mamba_n_heads": 8,
+    "mamba_d_head": 8,
+    "mamba_n_groups": 2,
+    "mamba_d_state": 8,
+    "mamba_chunk_size": 8,
+}
 FAMILIES = {  # id: (config class, options); every window and scaling is reached below
     "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
@@ -182,6 +198,8 @@ FAMILIES = {  # id: (config class, options); every window and scaling is reached
     ),
     "qwen3_next": ("Qwen3NextConfig", QWEN3_NEXT),
     "gpt_oss": ("GptOssConfig", GPT_OSS),
+    "kimi_linear": ("KimiLinearConfig", KIMI_LINEAR),  # KDA (chapter 18)
+    "bamba": ("BambaConfig", BAMBA),  # Mamba-2 (chapter 18)
 }
 
 
