@@ -233,4 +233,3 @@ __all__ += [
     "tile_kinds",
     "with_sink",
 ]
-
