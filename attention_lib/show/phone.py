@@ -15,9 +15,11 @@ its text legible. The rules (:func:`phone_png`):
 - otherwise it is drawn again, at most :func:`phone_width_in` inches wide (so its
   smallest text shows at >= 9 CSS px in :data:`PHONE_COLUMN_PX`), its height scaled less
   than its width (panels keep room for their data);
-- a row of three or more panels of one grid is restacked two per row (panels that
-  stack), when every axes of the figure sits in one cell of that grid (colorbars
-  of a constrained layout follow their panel);
+- a row of panels of one grid that would be narrower than :data:`PHONE_PANEL_IN` is
+  restacked with fewer per row (panels that stack; two heatmaps side by side become one
+  above the other), when every axes of the figure sits in one cell of that grid
+  (colorbars of a constrained layout follow their panel); a panel that moves to the
+  first column shows the query labels a shared axis had hidden;
 - the figure is then put back as it was (size and grid), so a later display is unchanged.
 
 In a notebook, the inline backend's PNG of a figure carries the rendition in its output
@@ -45,8 +47,11 @@ if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
 PHONE_COLUMN_PX = 350
 #: The narrowest a rendition is made, in inches (below it, panels have no room).
 MIN_PHONE_WIDTH_IN = 3.0
-#: A panel of a restacked grid is at least this wide on the phone, in inches.
-PHONE_PANEL_IN = 2.0
+#: A panel of a restacked grid is at least this wide on the phone, in inches (a heatmap
+#: with its query labels; two line plots side by side would be 2 in each).
+PHONE_PANEL_IN = 2.6
+#: A restacked grid has at most this many rows with one panel per row (else two per row).
+MAX_PHONE_ROWS = 4
 #: Key of the rendition in the inline PNG's output metadata.
 METADATA_KEY = "afs_phone"
 
@@ -101,7 +106,7 @@ def _grid(fig: Figure) -> tuple[Any, list[tuple[Any, int]]] | None:
     return (grid, cells) if grid is not None else None
 
 
-def _restack(fig: Figure, width_in: float) -> tuple[float, list[tuple[Any, Any]]]:
+def _restack(fig: Figure, width_in: float) -> tuple[float, list[Any]]:
     """Restack a row of panels that would be narrower than :data:`PHONE_PANEL_IN` into
     fewer columns; returns the factor of the height and what to put back."""
     from matplotlib.gridspec import GridSpec
@@ -112,15 +117,28 @@ def _restack(fig: Figure, width_in: float) -> tuple[float, list[tuple[Any, Any]]
     grid, cells = found
     rows, cols = grid.get_geometry()
     new_cols = max(1, int(width_in // PHONE_PANEL_IN))
-    if cols <= new_cols or cols < 3:
+    if cols <= new_cols:
         return 1.0, []
     used = max(i for _, i in cells) + 1
+    if math.ceil(used / new_cols) > MAX_PHONE_ROWS and cols > 2:
+        new_cols = 2  # a long grid: smaller panels rather than a figure many screens tall
     new_rows = math.ceil(used / new_cols)
     new = GridSpec(new_rows, new_cols, figure=fig)
-    undo = []
+    first = min(cells, key=lambda c: c[1])[0]
+    undo: list = []
     for ax, i in cells:
-        undo.append((ax, ax.get_subplotspec()))
+        spec = ax.get_subplotspec()
+        undo.append(lambda ax=ax, spec=spec: ax.set_subplotspec(spec))
         ax.set_subplotspec(new[i // new_cols, i % new_cols])
+        if i % new_cols == 0 and i % cols != 0 and ax.get_visible():
+            # a shared y axis hid this panel's labels: the first column shows them
+            on = ax.yaxis.get_tick_params().get("labelleft", True)
+            label = ax.get_ylabel()
+            undo.append(lambda ax=ax, on=on: ax.tick_params(axis="y", labelleft=on))
+            undo.append(lambda ax=ax, label=label: ax.set_ylabel(label))
+            ax.tick_params(axis="y", labelleft=True)
+            if not label:
+                ax.set_ylabel(first.get_ylabel())
     # new_rows / rows as many rows; a panel's height follows its width by a square root
     # (phone_png scales the whole figure's by (phone width / width) ** 0.5)
     return new_rows / rows * (cols / new_cols) ** 0.5, undo
@@ -163,8 +181,8 @@ def phone_png(fig: Figure, *, tries: int = 3) -> tuple[bytes, float, float] | No
             width = max(MIN_PHONE_WIDTH_IN, width * shown / MIN_TEXT_PX * 0.98)
         return png, css_w, css_h
     finally:
-        for ax, spec in undo:
-            ax.set_subplotspec(spec)
+        for put_back in reversed(undo):
+            put_back()
         fig.set_size_inches(size)
 
 

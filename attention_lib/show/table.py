@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def _cell(value: Any, digits: int | None) -> str:
+def _cell(value: Any, digits: int | None, spec: str | None = None) -> str:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return str(value)
+    if spec is not None:
+        return format(value, spec)
     if isinstance(value, numbers.Integral):
         return str(int(value))
     if digits is None:
@@ -46,12 +48,17 @@ class Table:
         header: Sequence[str],
         digits: int | None,
         caption: str | None,
+        formats: Sequence[str | None] | None = None,
     ) -> None:
         self.header = [str(h) for h in header]
         self.rows = [list(r) for r in rows]
         self.digits = digits
         self.caption = caption
-        self.text_rows = [[_cell(v, digits) for v in r] for r in self.rows]
+        self.formats = list(formats) if formats is not None else [None] * len(self.header)
+        self.text_rows = [
+            [_cell(v, digits, f) for v, f in zip(r, self.formats, strict=True)]
+            for r in self.rows
+        ]
         # a column is numeric (right-aligned) when every cell in it is a number
         self.numeric = [
             all(_numeric(r[j]) for r in self.rows) and bool(self.rows)
@@ -100,6 +107,7 @@ def table(
     *,
     digits: int | None = None,
     caption: str | None = None,
+    formats: Sequence[str | None] | None = None,
 ) -> Table:
     """One result table, shown as an HTML table in a notebook and as aligned text in
     nbval's comparison and a terminal.
@@ -111,21 +119,30 @@ def table(
         digits: decimals of the float cells (values below 0.001 get that many
             significant digits); ``None`` prints ``repr(float)``.
         caption: an optional line above the table.
+        formats: a format spec per column for its numbers (``format(value, spec)``:
+            ``"5d"``, ``",d"``, ``".2f"``, ``".1%"``, ``".2e"``...), ``None`` for a column
+            that follows ``digits``; as many as ``header`` has names.
 
     Returns:
         A :class:`Table`; make it the last expression of a cell (or ``display`` it).
 
     Raises:
         TypeError: if ``header`` is a string or a row is not a sequence.
-        ValueError: if a row does not have one cell per column, or ``digits < 0``.
+        ValueError: if a row does not have one cell per column, ``formats`` does not have
+            one entry per column, or ``digits < 0``.
     """
     if isinstance(header, str) or not isinstance(header, Sequence):
         raise TypeError("header must be a sequence of column names")
     if digits is not None and (not isinstance(digits, int) or digits < 0):
         raise ValueError(f"digits must be an int >= 0 or None, got {digits!r}")
+    if formats is not None:
+        if isinstance(formats, str) or not isinstance(formats, Sequence):
+            raise TypeError(f"formats must be a sequence of format specs, got {formats!r}")
+        if len(formats) != len(header):
+            raise ValueError(f"formats has {len(formats)} specs for {len(header)} columns")
     for i, row in enumerate(rows):
         if isinstance(row, str) or not isinstance(row, Sequence):
             raise TypeError(f"row {i} is not a sequence of cells: {row!r}")
         if len(row) != len(header):
             raise ValueError(f"row {i} has {len(row)} cells for {len(header)} columns")
-    return Table(rows, header, digits, caption)
+    return Table(rows, header, digits, caption, formats)

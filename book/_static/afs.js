@@ -316,9 +316,9 @@ document.addEventListener("DOMContentLoaded", () => {
   update();
 });
 
-// A code block or output wider than its column (on a phone) scrolls in its own box: it is
-// marked `afs-scrolls`, and `afs-scroll-end` once scrolled to its end, so that afs.css fades
-// its right edge only while there is more to see. Checked again whenever its size changes
+// A code block, output or result table wider than its column (on a phone) scrolls in its
+// own box: it is marked `afs-scrolls`, and `afs-scroll-end` once scrolled to its end, so
+// that afs.css fades its right edge only while there is more to see. Checked again whenever its size changes
 // (a window turned, a hidden cell opened).
 document.addEventListener("DOMContentLoaded", () => {
   const check = (pre) => {
@@ -328,7 +328,8 @@ document.addEventListener("DOMContentLoaded", () => {
       scrolls && pre.scrollLeft + pre.clientWidth >= pre.scrollWidth - 1);
   };
   const resized = new ResizeObserver((entries) => entries.forEach((e) => check(e.target)));
-  document.querySelectorAll(".bd-article pre").forEach((pre) => {
+  // a result table's box (attention_lib.show.table) too: its right-hand columns fade out
+  document.querySelectorAll(".bd-article pre, .bd-article div.afs-table").forEach((pre) => {
     resized.observe(pre);
     pre.addEventListener("scroll", () => check(pre), { passive: true });
   });

@@ -95,3 +95,21 @@ def test_the_png_formatter_adds_the_rendition_to_its_metadata(three_panels):
 def test_png_size_refuses_other_bytes():
     with pytest.raises(ValueError, match="not a PNG"):
         png_size(b"GIF89a" + bytes(30))
+
+
+def test_two_heatmaps_stack_and_show_their_query_labels_then_are_put_back():
+    import torch
+
+    from attention_lib import attention_grid
+
+    tokens = "the hungry cat chased a mouse".split()
+    fig = attention_grid(torch.full((2, 6, 6), 1 / 6), tokens, tokens)
+    try:
+        right = fig.axes[1]
+        assert not right.yaxis.get_tick_params()["labelleft"]
+        png, width, height = phone_png(fig)
+        assert height > 1.5 * width  # one above the other
+        assert not right.yaxis.get_tick_params()["labelleft"]  # put back
+        assert right.get_ylabel() == ""
+    finally:
+        plt.close(fig)

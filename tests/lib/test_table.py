@@ -41,3 +41,23 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError):
         table([[1]], ["a"], digits=-1)
     assert isinstance(table([], ["a"]), Table)
+
+
+def test_formats_per_column_and_numbers_stay_right_aligned() -> None:
+    t = table(
+        [[8, 1_048_576, 0.0123, 0.25], [128, 4_194_304, 0.5, 1.0]],
+        ["N", "flops", "share", "ratio"],
+        formats=["d", ",d", ".1%", None],
+        digits=2,
+    )
+    assert repr(t).splitlines() == [
+        "  N      flops  share  ratio",
+        "---  ---------  -----  -----",
+        "  8  1,048,576   1.2%   0.25",
+        "128  4,194,304  50.0%   1.00",
+    ]
+    assert '<td style="text-align:right">1,048,576</td>' in t._repr_html_()
+    with pytest.raises(ValueError, match="1 specs for 2 columns"):
+        table([[1, 2]], ["a", "b"], formats=[".2f"])
+    with pytest.raises(TypeError):
+        table([[1]], ["a"], formats=".2f")
