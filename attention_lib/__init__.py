@@ -233,3 +233,28 @@ __all__ += [
     "tile_kinds",
     "with_sink",
 ]
+
+# --- attention beyond text: images as tokens, 2-D RoPE, M-RoPE, the vision mask (chapter 19)
+from .vision import (
+    PatchEmbedding,
+    VisionTransformer,
+    mrope,
+    mrope_positions,
+    patch_positions,
+    patchify,
+    rope_2d,
+    tokens_per_image,
+    vision_mask,
+)
+
+__all__ += [
+    "PatchEmbedding",
+    "VisionTransformer",
+    "mrope",
+    "mrope_positions",
+    "patch_positions",
+    "patchify",
+    "rope_2d",
+    "tokens_per_image",
+    "vision_mask",
+]
