@@ -19,6 +19,14 @@ cached decode step may pick differently from a full pass). :func:`~attention_lib
 breaks every tie in favour of the **earlier key** (a stable sort), so the same
 scores always select the same keys.
 
+**Training.** Top-``k`` has no gradient, so the indexer learns by
+distillation: :func:`indexer_kl_loss` pulls the softmax of its scores towards
+the attention's own weights, summed over the heads and L1-normalised
+(:func:`attention_target`), first over every visible key (DeepSeek-V3.2's
+dense warm-up), then over the keys it selects (the sparse stage).
+:func:`top_k_recall` measures how many of the attention's ``k`` heaviest keys
+the indexer picks.
+
 Explained in chapter 17, *Latent and sparse attention*.
 """
 
@@ -29,7 +37,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .rope import rotate_pairs
-from .validation import check_int, check_mask, check_real, check_tensor
+from .validation import (
+    check_instance,
+    check_int,
+    check_mask,
+    check_real,
+    check_same,
+    check_tensor,
+)
 
 
 def lightning_indexer(
@@ -45,8 +60,9 @@ def lightning_indexer(
 
     The indexer has ``H_I`` query heads per token but a single key per token
     (shared by the heads, as in multi-query attention), and it mixes its heads
-    with per-query weights ``w`` instead of a softmax. Computed in float32,
-    as DeepSeek-V3.2 (in 🤗 transformers, ``DeepseekV32Indexer``) does.
+    with per-query weights ``w`` instead of a softmax. Computed in float32 (or
+    float64 for float64 inputs), as DeepSeek-V3.2 (in 🤗 transformers,
+    ``DeepseekV32Indexer``) does.
 
     Explained in chapter 17, *Latent and sparse attention*.
 
@@ -60,7 +76,8 @@ def lightning_indexer(
             with ReLU); DeepSeek uses ``1 / sqrt(d_I)``.
 
     Returns:
-        float32 scores ``(B, Lq, Lk)``, ``-inf`` where ``mask`` blocks.
+        scores ``(B, Lq, Lk)`` in float32 or float64, ``-inf`` where ``mask``
+        blocks.
 
     Raises:
         TypeError: on non-tensor or non-floating inputs or a bad mask dtype.
@@ -86,9 +103,10 @@ def index_scores(
     query: Tensor, key: Tensor, weights: Tensor, keep: Tensor | None, scale: float
 ) -> Tensor:
     """:func:`lightning_indexer` without the checks (``keep`` is bool or ``None``)."""
-    scores = query.float() @ key.float().transpose(-1, -2)[:, None] * scale  # (B, Lq, H_I, Lk)
+    dtype = torch.promote_types(query.dtype, torch.float32)  # low precision: float32
+    scores = query.to(dtype) @ key.to(dtype).transpose(-1, -2)[:, None] * scale  # (B, Lq, H_I, Lk)
     scores = F.relu(scores)
-    index = (weights.float()[..., None, :] @ scores).squeeze(-2)  # (B, Lq, 1, Lk) -> (B, Lq, Lk)
+    index = (weights.to(dtype)[..., None, :] @ scores).squeeze(-2)  # (B, Lq, 1, Lk) -> (B, Lq, Lk)
     return index if keep is None else index.masked_fill(~keep, float("-inf"))
 
 
@@ -139,6 +157,104 @@ def top_k_mask(indices: Tensor, valid: Tensor, k_len: int) -> Tensor:
     """
     keep = torch.zeros(*indices.shape[:-1], k_len, dtype=torch.bool, device=indices.device)
     return keep.scatter(-1, indices, valid)  # (..., Lq, Lk)
+
+
+def attention_target(weights: Tensor) -> Tensor:
+    """What the indexer learns to predict: the attention's weights summed over
+    the heads and L1-normalised, ``p_{t,:}`` of DeepSeek-V3.2's warm-up.
+
+    Explained in chapter 17, *Latent and sparse attention*.
+
+    Args:
+        weights: softmax weights ``(..., H, Lq, Lk)`` (0 at masked keys), e.g.
+            one layer of ``CausalLM(..., need_weights=True)``'s.
+
+    Returns:
+        ``(..., Lq, Lk)``, each row summing to 1.
+
+    Raises:
+        TypeError: if ``weights`` is not a floating tensor.
+        ValueError: if it has fewer than 3 dims.
+    """
+    total = check_tensor("weights", weights, min_dim=3).sum(-3)  # (..., Lq, Lk)
+    return total / total.sum(-1, keepdim=True)
+
+
+def indexer_kl_loss(scores: Tensor, target: Tensor, keep: Tensor | None = None) -> Tensor:
+    r"""DeepSeek-V3.2's indexer loss, :math:`\mathrm{D_{KL}}(p_{t,:} \,\|\,
+    \mathrm{Softmax}(I_{t,:}))`, averaged over the query rows ``t``.
+
+    The target is a constant (detached): the loss trains the indexer only.
+    With ``keep`` (the sparse stage: the keys the indexer selected), both
+    distributions are restricted to the kept keys and ``p`` renormalised
+    over them. The paper sums over ``t``; the mean only rescales it.
+
+    Explained in chapter 17, *Latent and sparse attention*.
+
+    Args:
+        scores: the indexer's scores ``(..., Lq, Lk)``, ``-inf`` at keys a
+            row may not choose (every row must have one it may).
+        target: ``p`` of :func:`attention_target`, the shape of ``scores``.
+        keep: bool ``(..., Lq, Lk)`` (``True`` = in the loss), or ``None``.
+
+    Returns:
+        a scalar tensor.
+
+    Raises:
+        TypeError: on non-floating ``scores``/``target`` or a non-bool ``keep``.
+        ValueError: on shapes that differ or a row with no key to choose.
+    """
+    check_tensor("scores", scores)
+    check_tensor("target", target)
+    allowed = scores > float("-inf")  # (..., Lq, Lk)
+    if keep is not None:
+        check_instance("keep", keep, Tensor, "a bool tensor")
+        check_same("dtype", keep=keep.dtype, bool=torch.bool)
+        allowed = allowed & keep
+    check_same("shape", scores=scores.shape, target=target.shape, keep=allowed.shape)
+    if not allowed.any(-1).all():
+        raise ValueError("every query row needs a key it may choose, got a row with none")
+    p = target.detach().to(scores.dtype).masked_fill(~allowed, 0.0)
+    p = p / p.sum(-1, keepdim=True)
+    log_q = scores.masked_fill(~allowed, float("-inf")).log_softmax(-1)  # (..., Lq, Lk)
+    kl = torch.xlogy(p, p) - p * log_q.masked_fill(~allowed, 0.0)
+    return kl.sum(-1).mean()
+
+
+def top_k_recall(scores: Tensor, target: Tensor, k: int) -> float:
+    """The share of the target's ``k`` heaviest keys that the indexer's top
+    ``k`` also holds, over the query rows with more than ``k`` keys to choose
+    from (the others keep every key). Ties go to the earlier key, on both
+    sides (:func:`top_k_keys`).
+
+    Explained in chapter 17, *Latent and sparse attention*.
+
+    Args:
+        scores: the indexer's scores ``(..., Lq, Lk)``, ``-inf`` where blocked.
+        target: the attention's weights ``p`` (:func:`attention_target`), the
+            shape of ``scores``.
+        k: keys per query.
+
+    Returns:
+        the recall in ``[0, 1]``.
+
+    Raises:
+        TypeError: on non-floating tensors or a non-int ``k``.
+        ValueError: on shapes that differ, ``k < 1`` or no row with more
+            than ``k`` keys.
+    """
+    check_tensor("scores", scores)
+    check_tensor("target", target)
+    check_same("shape", scores=scores.shape, target=target.shape)
+    k = check_int("k", k, minimum=1)
+    allowed = scores > float("-inf")
+    rows = allowed.sum(-1) > k  # (..., Lq)
+    if not rows.any():
+        raise ValueError(f"no query row has more than k = {k} keys to choose from")
+    theirs = target.detach().to(scores.dtype).masked_fill(~allowed, float("-inf"))
+    hits = top_k_mask(*select_top_k(scores, k), scores.shape[-1])
+    hits &= top_k_mask(*select_top_k(theirs, k), scores.shape[-1])  # (..., Lq, Lk)
+    return hits.sum(-1)[rows].double().mean().item() / k
 
 
 class LightningIndexer(nn.Module):

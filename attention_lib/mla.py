@@ -214,6 +214,8 @@ class MultiHeadLatentAttention(nn.Module):
 
     Shapes:
         - x: ``(B, L, d_model)``; output ``(B, L, d_model)``
+        - weights (with ``need_weights=True``): ``(B, H, L, T)``, the softmax
+          weights over all ``T`` keys (0 where a sparse query did not read)
         - mask: ``(L, T)``, ``(B, 1, L, T)`` or ``(B, H, L, T)``, ``T`` counting
           the cached positions (per-head masks not with ``index_topk``)
         - kv_cache: a :class:`LatentKVCache`, ``d_c + d_rope`` numbers per token
@@ -309,7 +311,7 @@ class MultiHeadLatentAttention(nn.Module):
         positions: Tensor | None = None,
         step: Step | None = None,
         need_weights: bool = False,
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Self-attention of the tokens ``x (B, L, d_model)``, after the cached ones.
 
         Validates, prepares the keep-mask, the causal alignment and the RoPE
@@ -334,10 +336,11 @@ class MultiHeadLatentAttention(nn.Module):
                 :class:`~attention_lib.protocols.Step` it prepared and
                 validated; only ``kv_cache`` is read besides. ``None``: the
                 checked call.
-            need_weights: must be ``False`` (no weights are returned).
+            need_weights: also return the attention weights ``(B, H, L, T)``
+                (the target a lightning indexer learns, chapter 17).
 
         Returns:
-            ``(B, L, d_model)``.
+            ``(B, L, d_model)``, or ``(output, weights)`` with ``need_weights``.
 
         Raises:
             TypeError: on a non-floating ``x`` or one of another dtype than the
@@ -349,8 +352,7 @@ class MultiHeadLatentAttention(nn.Module):
         """
         if step is not None:  # a model's call (the mixer protocol): checked by the model
             return self.mix(x, step, kv_cache, need_weights=need_weights)
-        if check_bool("need_weights", need_weights):
-            raise ValueError("MultiHeadLatentAttention returns no attention weights")
+        check_bool("need_weights", need_weights)
         weight = self.W_o.weight
         check_hidden(self.d_model, weight, x=x)
         check_bool("is_causal", is_causal)
@@ -375,6 +377,7 @@ class MultiHeadLatentAttention(nn.Module):
             causal=Causal(past) if is_causal else None,
             kv_cache=kv_cache,
             positions=positions,
+            need_weights=need_weights,
         )
 
     def attend(
@@ -385,7 +388,8 @@ class MultiHeadLatentAttention(nn.Module):
         causal: Causal | None,
         kv_cache: LatentKVCache | None,
         positions: Tensor,
-    ) -> Tensor:
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """The computation of :meth:`forward`, without checks: ``keep`` is a bool
         keep-mask or ``None``, ``causal`` a :class:`~attention_lib.masks.Causal`
         or ``None``, ``positions`` integer ``(L,)`` or ``(B, L)``."""
@@ -396,7 +400,7 @@ class MultiHeadLatentAttention(nn.Module):
             dtype=x.dtype,
             scaling=self._scaling,
         )
-        return self._attend(x, keep, causal, kv_cache, angles)  # (.., L, d_r/2) each
+        return self._attend(x, keep, causal, kv_cache, angles, need_weights)
 
     def mix(
         self,
@@ -405,19 +409,18 @@ class MultiHeadLatentAttention(nn.Module):
         cache: LatentKVCache | None,
         *,
         need_weights: bool = False,
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Self-attention of the new tokens ``x`` as a decoder's token mixer (the
         protocol of :mod:`attention_lib.protocols`), with the ``step`` the model
-        prepared once; no checks. No weights: ``need_weights`` raises.
+        prepared once; no checks.
 
         Explained in chapter 17, *Latent and sparse attention*.
         """
-        if need_weights:
-            raise ValueError("MultiHeadLatentAttention returns no attention weights")
         past = 0 if cache is None else len(cache)
         keep = step.keep_for(past + x.shape[1])  # (B, 1, 1, T + L) or None
         angles = step.rope(self.qk_rope_head_dim, self.rope_base, x.dtype, self._scaling)
-        return self._attend(x, keep, Causal(past) if step.causal else None, cache, angles)
+        causal = Causal(past) if step.causal else None
+        return self._attend(x, keep, causal, cache, angles, need_weights)
 
     def check_cache(
         self, cache: object, batch: int, dtype: torch.dtype, device: torch.device
@@ -450,8 +453,10 @@ class MultiHeadLatentAttention(nn.Module):
         causal: Causal | None,
         kv_cache: LatentKVCache | None,
         angles: tuple[Tensor, Tensor],
-    ) -> Tensor:
-        """:meth:`attend` with the RoPE ``(cos, sin)`` tables already computed."""
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`attend` with the RoPE ``(cos, sin)`` tables (``(.., L, d_r/2)``
+        each) already computed."""
         batch, length, _ = x.shape
         heads, d_nope, d_rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
         q_source = x if self.W_q is not None else self.q_norm(self.W_dq(x))  # (B, L, d_q)
@@ -481,13 +486,15 @@ class MultiHeadLatentAttention(nn.Module):
             if chosen is not None:  # the choice as a keep-mask over all keys
                 picked = top_k_mask(*chosen, k_len)[:, None]  # (B, 1, L, T)
                 keep = picked if keep is None else keep & picked
-            out = self._naive(q_nope, q_rope, latent, k_rope, keep)  # (B, H, L, d_v)
+            out, weights = self._naive(q_nope, q_rope, latent, k_rope, keep)  # (B, H, L, d_v)
         else:
-            out = self._absorbed(q_nope, q_rope, latent, k_rope, keep, chosen)  # (B, H, L, d_v)
-        return self.W_o(out.transpose(1, 2).reshape(batch, length, heads * self.v_head_dim))
+            out, weights = self._absorbed(q_nope, q_rope, latent, k_rope, keep, chosen)
+        out = self.W_o(out.transpose(1, 2).reshape(batch, length, heads * self.v_head_dim))
+        return (out, weights) if need_weights else out  # weights (B, H, L, T)
 
-    def _naive(self, q_nope, q_rope, latent, k_rope, keep) -> Tensor:
-        """Rebuild every head's keys and values from the latents, then attend."""
+    def _naive(self, q_nope, q_rope, latent, k_rope, keep) -> tuple[Tensor, Tensor]:
+        """Rebuild every head's keys and values from the latents, then attend:
+        ``(output (B, H, L, d_v), weights (B, H, L, T))``."""
         batch, k_len, _ = latent.shape
         heads, d_nope = self.num_heads, self.qk_nope_head_dim
         kv = self.W_ukv(latent).view(batch, k_len, heads, d_nope + self.v_head_dim)
@@ -499,16 +506,17 @@ class MultiHeadLatentAttention(nn.Module):
         )  # (B, H, T, d_r)
         key = torch.cat([k_nope, shared], dim=-1)  # (B, H, T, d_nope + d_rope)
         query = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, L, d_nope + d_rope)
-        return attend(query, key, value, keep, causal=None, dropout_p=0.0, scale=self.scale)[0]
+        return attend(query, key, value, keep, causal=None, dropout_p=0.0, scale=self.scale)
 
-    def _absorbed(self, q_nope, q_rope, latent, k_rope, keep, chosen) -> Tensor:
+    def _absorbed(self, q_nope, q_rope, latent, k_rope, keep, chosen) -> tuple[Tensor, Tensor]:
         """Attend in the latent space: W_UK folded into the query, W_UV applied
-        to each head's latent output (before W_o)."""
+        to each head's latent output (before W_o). Returns ``(output (B, H, L,
+        d_v), weights (B, H, L, T))``."""
         w_uk, w_uv = self.up_projections()  # (H, d_nope, d_c), (H, d_v, d_c)
         query = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (B, H, L, d_c + d_rope)
         key = torch.cat([latent, k_rope], dim=-1)  # (B, T, d_c + d_rope): one key for all heads
         if chosen is None:
-            out = attend(
+            out, weights = attend(
                 query,
                 key[:, None],
                 latent[:, None],
@@ -516,11 +524,11 @@ class MultiHeadLatentAttention(nn.Module):
                 causal=None,
                 dropout_p=0.0,
                 scale=self.scale,
-            )[0]  # (B, H, L, d_c)
+            )  # (B, H, L, d_c), (B, H, L, T)
         else:  # gather the k chosen latents of every query: (B, L, k, width)
             indices, valid = chosen
             rows = torch.arange(key.shape[0], device=key.device)[:, None, None]  # (B, 1, 1)
-            out = attend(
+            out, picked = attend(
                 query.transpose(1, 2),
                 key[rows, indices],
                 latent[rows, indices],
@@ -528,9 +536,12 @@ class MultiHeadLatentAttention(nn.Module):
                 causal=None,
                 dropout_p=0.0,
                 scale=self.scale,
-            )[0]
-            out = out.transpose(1, 2)  # (B, L, H, d_c) -> (B, H, L, d_c)
-        return out @ w_uv.transpose(1, 2)  # (B, H, L, d_v)
+            )  # (B, L, H, d_c), (B, L, H, k)
+            out = out.transpose(1, 2)  # (B, H, L, d_c)
+            weights = picked.new_zeros(*picked.shape[:-1], key.shape[1])  # (B, L, H, T)
+            weights = weights.scatter(-1, indices[:, :, None].expand_as(picked), picked)
+            weights = weights.transpose(1, 2)  # (B, H, L, T): 0 where not read
+        return out @ w_uv.transpose(1, 2), weights  # (B, H, L, d_v)
 
     def up_projections(self) -> tuple[Tensor, Tensor]:
         """``W_UK`` ``(H, d_nope, d_c)`` and ``W_UV`` ``(H, d_v, d_c)``: views of ``W_ukv``.

@@ -24,7 +24,13 @@ from attention_lib import (
     lightning_indexer,
     top_k_keys,
 )
-from attention_lib.dsa import LightningIndexer, top_k_mask
+from attention_lib.dsa import (
+    LightningIndexer,
+    attention_target,
+    indexer_kl_loss,
+    top_k_mask,
+    top_k_recall,
+)
 
 D_MODEL, HEADS, TOPK, L = 64, 4, 4, 12
 SIZES = {"kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6}
@@ -76,12 +82,13 @@ class HF:
                 self.x, q_resid, self.angles, self.mask[:, 0], self.positions
             ).long()
 
-    def output(self) -> torch.Tensor:
+    def output(self, need_weights: bool = False):
+        """The layer's output (and its eager attention weights (B, H, L, L))."""
         with torch.no_grad():
-            out, _ = self.layer(
+            out, weights = self.layer(
                 self.x, self.angles, self.mask, cache=None, position_ids=self.positions
             )
-        return out
+        return (out, weights) if need_weights else out
 
 
 def our_scores(m: MultiHeadLatentAttention, x: torch.Tensor) -> torch.Tensor:
@@ -130,6 +137,74 @@ def test_output_equals_deepseek_v32_attention_on_tie_free_rows(absorb):
         rows = tie_free_rows(our_scores(m, hf.x), TOPK)
         ours = m(hf.x, is_causal=True)
     torch.testing.assert_close(ours[rows], hf.output()[rows], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_sparse_weights_equal_deepseek_v32_attention_weights_on_tie_free_rows(absorb):
+    hf = HF(1)
+    m = MultiHeadLatentAttention.from_hf(hf.layer, absorb=absorb)
+    with torch.no_grad():
+        rows = tie_free_rows(our_scores(m, hf.x), TOPK)  # (B, L)
+        _, ours = m(hf.x, is_causal=True, need_weights=True)  # (B, H, L, L)
+    _, theirs = hf.output(need_weights=True)
+    assert ((ours > 0).sum(-1) <= TOPK).all()  # k keys read, the others weigh 0
+    torch.testing.assert_close(
+        ours.transpose(1, 2)[rows], theirs.transpose(1, 2)[rows], atol=1e-6, rtol=0
+    )
+
+
+def test_indexer_kl_loss_is_the_kl_divergence_of_the_target():
+    torch.manual_seed(0)
+    weights = torch.rand(2, 3, L, L, dtype=torch.float64).tril()  # (B, H, L, L), causal
+    weights = weights / weights.sum(-1, keepdim=True)
+    p = attention_target(weights)  # (B, L, L)
+    torch.testing.assert_close(p, weights.mean(1), atol=1e-15, rtol=0)  # rows sum to 1 each
+    scores = torch.randn(2, L, L, dtype=torch.float64, requires_grad=True)
+    visible = causal_mask(L)
+    blocked = scores.masked_fill(~visible, float("-inf"))
+    kl = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(probs=p), torch.distributions.Categorical(logits=blocked)
+    )  # (B, L)
+    loss = indexer_kl_loss(blocked, p)
+    torch.testing.assert_close(loss, kl.mean(), atol=1e-12, rtol=0)
+    loss.backward()
+    assert scores.grad[..., ~visible].abs().max() == 0  # no gradient to blocked keys
+    exact = indexer_kl_loss(p.log(), p)  # softmax(log p) = p: nothing to learn
+    assert exact.abs() < 1e-12
+    keep = top_k_mask(*top_k_keys(blocked.detach(), 3), L)  # the sparse stage: 3 keys
+    restricted = p.masked_fill(~keep, 0)
+    restricted = restricted / restricted.sum(-1, keepdim=True)
+    sparse_kl = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(probs=restricted),
+        torch.distributions.Categorical(logits=blocked.detach().masked_fill(~keep, float("-inf"))),
+    )
+    sparse = indexer_kl_loss(blocked.detach(), p, keep)
+    torch.testing.assert_close(sparse, sparse_kl.mean(), atol=1e-12, rtol=0)
+
+
+def test_top_k_recall_counts_the_shared_keys():
+    target = torch.tensor([[0.1, 0.4, 0.2, 0.3]])  # top 2: keys 1, 3
+    assert top_k_recall(torch.tensor([[0.0, 5.0, 1.0, 4.0]]), target, 2) == 1.0
+    assert top_k_recall(torch.tensor([[9.0, 5.0, 1.0, 0.0]]), target, 2) == 0.5
+    assert top_k_recall(torch.tensor([[9.0, 0.0, 8.0, 0.0]]), target, 2) == 0.0
+    rows = torch.tensor([[0.0, 5.0, 1.0, 4.0], [2.0, float("-inf"), float("-inf"), 1.0]])
+    assert top_k_recall(rows, target.expand(2, 4), 2) == 1.0  # row 2 keeps both keys: skipped
+
+
+def test_the_indexer_losses_refuse_bad_input():
+    scores, p = torch.randn(2, 4, 4), torch.full((2, 4, 4), 0.25)
+    with pytest.raises(ValueError, match="shape"):
+        indexer_kl_loss(scores, p[:, :3])
+    with pytest.raises(TypeError, match="keep"):
+        indexer_kl_loss(scores, p, keep=torch.ones(2, 4, 4))
+    with pytest.raises(ValueError, match="row"):
+        indexer_kl_loss(scores, p, keep=torch.zeros(2, 4, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="target"):
+        top_k_recall(scores, p.long(), 2)
+    with pytest.raises(ValueError, match="k = 4"):
+        top_k_recall(scores, p, 4)
+    with pytest.raises(ValueError, match="weights"):
+        attention_target(torch.ones(4, 4))
 
 
 def test_lightning_indexer_is_the_formula():

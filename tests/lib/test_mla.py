@@ -46,6 +46,10 @@ class HF:
         self.rotary = DeepseekV3RotaryEmbedding(self.config)
 
     def __call__(self, x: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+        return self.run(x, cache)[0]
+
+    def run(self, x: torch.Tensor, cache: DynamicCache | None = None) -> tuple:
+        """The layer's output and its eager attention weights (B, H, L, T)."""
         past = 0 if cache is None else cache.get_seq_length()
         positions = torch.arange(past, past + x.shape[1])[None]  # (1, L)
         mask = create_causal_mask(
@@ -56,10 +60,9 @@ class HF:
             position_ids=positions,
         )
         with torch.no_grad():
-            out, _ = self.layer(
+            return self.layer(
                 x, position_embeddings=self.rotary(x, positions), attention_mask=mask, cache=cache
             )
-        return out
 
 
 X = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(1))
@@ -102,6 +105,34 @@ def test_equals_deepseek_v3_attention(options, absorb):
     assert (m.W_q is None) == (hf.config.q_lora_rank is not None)
     with torch.no_grad():
         torch.testing.assert_close(m(X, is_causal=True), hf(X), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_weights_equal_deepseek_v3_attention_weights(absorb):
+    hf = HF()
+    m = MultiHeadLatentAttention.from_hf(hf.layer, absorb=absorb)
+    _, theirs = hf.run(X)  # (B, H, L, L), eager
+    with torch.no_grad():
+        out, weights = m(X, is_causal=True, need_weights=True)
+        torch.testing.assert_close(out, m(X, is_causal=True), atol=0, rtol=0)
+    torch.testing.assert_close(weights, theirs, atol=1e-6, rtol=0)
+
+
+def test_a_model_returns_the_weights_of_its_latent_layers():
+    from attention_lib import CausalLM
+
+    torch.manual_seed(0)
+    model = CausalLM(16, 32, 4, 2, max_len=8, positional="rope", layer_types=["mla", "full"])
+    tokens = torch.randint(0, 16, (2, 5))
+    mla = model.blocks.layers[0].self_attn
+    seen = []
+    mla.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        logits, weights = model(tokens, need_weights=True)  # (B, layers, H, L, L)
+        _, own = mla(seen[0], is_causal=True, need_weights=True)
+    torch.testing.assert_close(logits, model(tokens), atol=0, rtol=0)
+    assert weights.shape == (2, 2, 4, 5, 5)
+    torch.testing.assert_close(weights[:, 0], own, atol=1e-6, rtol=0)
 
 
 def test_cached_decoding_equals_deepseek_v3_with_its_cache():

@@ -112,9 +112,6 @@ def test_mla_and_dsa_layer_options_are_checked() -> None:
         CausalLM(V, D, HEADS, 1, layer_types=[LayerSpec("mla", index_topk=2)])
     with pytest.raises(ValueError, match="qk_norm"):
         CausalLM(V, D, HEADS, 1, layer_types=["mla"], qk_norm=True)
-    with pytest.raises(ValueError, match="weights"):
-        CausalLM(V, D, HEADS, 1, layer_types=["mla"])(torch.zeros(1, 2, dtype=torch.long),
-                                                      need_weights=True)  # fmt: skip
     with pytest.raises(TypeError, match="layer_types"):
         CausalLM(V, D, HEADS, 1, layer_types=[3])
 
