@@ -251,7 +251,8 @@ class MultiHeadLatentAttention(nn.Module):
         for name, size in sizes.items():
             check_int(name, size, minimum=1)
         check_d_head(qk_rope_head_dim, name="qk_rope_head_dim")
-        check_int("index_head_dim", index_head_dim, minimum=qk_rope_head_dim)  # holds the RoPE part
+        if index_topk is not None:  # the indexer's heads hold the RoPE part
+            check_int("index_head_dim", index_head_dim, minimum=qk_rope_head_dim)
         self.d_model, self.num_heads, self.kv_lora_rank = d_model, num_heads, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
         self.v_head_dim = v_head_dim

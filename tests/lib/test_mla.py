@@ -248,6 +248,9 @@ def test_bad_input_is_refused_clearly():
         MultiHeadLatentAttention(D_MODEL, HEADS, **{**SIZES, "kv_lora_rank": 16.0})
     with pytest.raises(TypeError, match="absorb"):
         tiny(absorb="yes")
+    with pytest.raises(ValueError, match="index_head_dim"):
+        tiny(index_topk=2, index_head_dim=2)  # narrower than the RoPE part (4)
+    assert tiny(qk_rope_head_dim=64).indexer is None  # no indexer: its width is not asked
 
 
 def test_bfloat16_follows_deepseek_v3_within_its_rounding():
