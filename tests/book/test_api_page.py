@@ -58,6 +58,9 @@ SUBMODULE_ONLY = {
     "attention_lib.distributed.gather",
     "attention_lib.dsa.LightningIndexer",
     "attention_lib.dsa.top_k_mask",
+    "attention_lib.dsa.attention_target",
+    "attention_lib.dsa.indexer_kl_loss",
+    "attention_lib.dsa.top_k_recall",
     # chapter 21's mixture of experts (gpt-oss), read as attention_lib.moe.MixtureOfExperts
     "attention_lib.moe.MixtureOfExperts",
     # chapter 20's mask_mod/score_mod builders, read as flex.causal(...), flex.document(...)
