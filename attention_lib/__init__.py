@@ -208,6 +208,9 @@ from .mamba2 import Mamba2, mamba2_scan, ssd, ssd_mask
 __all__ += ["GatedDeltaNet", "LayerStateCache", "gated_delta_rule", "linear_attention"]
 __all__ += ["KimiDeltaAttention", "Mamba2", "kimi_delta_attention", "mamba2_scan"]
 __all__ += ["ssd", "ssd_mask"]
+from .compressed import CompressedIndexer, Compressor, compressed_attention, compressed_keep
+
+__all__ += ["CompressedIndexer", "Compressor", "compressed_attention", "compressed_keep"]
 
 # --- whole models: the blocks of today's decoders (CausalLM.from_hf, issue 35)
 from .blocks import BlockSpec, GatedMLP, RMSNorm
