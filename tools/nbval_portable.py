@@ -16,6 +16,13 @@ for that other machine: every notebook runs with ``OMP_NUM_THREADS=1`` under
 Notebooks run as separate pytest processes, two at a time (each has one thread), later
 chapters (the longer runs) first; the closing line counts the cells: ``N passed, N failed``.
 
+A cell's printed text is compared as one text per stream: nbval merges every stdout (and
+every stderr) output of a cell before comparing, in the stored notebook and in its own run
+(``nbval.plugin.coalesce_streams``), so the number of pieces the kernel flushed, which
+depends on timing, never matters; tools/execute_notebooks.py stores the consecutive pieces
+merged (one output box in the book). Figures are not compared (nbval skips ``image/png``
+and every output's metadata, where a figure's phone rendition is stored).
+
 ``--native`` is plain nbval, as this machine runs it: its own kernel dispatch and
 PyTorch's default number of threads, nothing in the environment changed, only two
 notebooks at a time (one notebook keeps about one core busy: its tensors are small).

@@ -20,6 +20,7 @@ its text legible. The rules (:func:`phone_png`):
   above the other), when every axes of the figure sits in one cell of that grid
   (colorbars of a constrained layout follow their panel); a panel that moves to the
   first column shows the query labels a shared axis had hidden;
+- a panel title wider than its panel breaks over two lines (not inside ``$...$``);
 - the figure is then put back as it was (size and grid), so a later display is unchanged.
 
 In a notebook, the inline backend's PNG of a figure carries the rendition in its output
@@ -144,6 +145,42 @@ def _restack(fig: Figure, width_in: float) -> tuple[float, list[Any]]:
     return new_rows / rows * (cols / new_cols) ** 0.5, undo
 
 
+def _split_outside_math(text: str) -> str | None:
+    """``text`` broken at the space nearest its middle that is not inside ``$...$``."""
+    spaces, math = [], False
+    for i, ch in enumerate(text):
+        if ch == "$":
+            math = not math
+        elif ch == " " and not math:
+            spaces.append(i)
+    if "\n" in text or not spaces:
+        return None
+    at = min(spaces, key=lambda i: abs(i - len(text) / 2))
+    return text[:at] + "\n" + text[at + 1 :]
+
+
+def _wrap_wide_titles(fig: Figure) -> list[Any]:
+    """Break over two lines each axes title wider than its axes (the figure just drawn):
+    on a narrow figure a title keeps its size in points and would run into its neighbours
+    (a colorbar, the next panel). Returns what puts the titles back."""
+    renderer = fig.canvas.get_renderer()
+    undo = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for title in (ax.title, ax._left_title, ax._right_title):
+            text = title.get_text()
+            if not text or not title.get_visible():
+                continue
+            if title.get_window_extent(renderer).width <= 1.02 * ax.bbox.width:
+                continue
+            broken = _split_outside_math(text)
+            if broken is not None:
+                title.set_text(broken)
+                undo.append(lambda title=title, text=text: title.set_text(text))
+    return undo
+
+
 def phone_png(fig: Figure, *, tries: int = 3) -> tuple[bytes, float, float] | None:
     """The phone rendition of ``fig``: a PNG at ``PIXEL_RATIO * DPI`` dots per inch, cropped
     to its content like the inline backend's, and its CSS width and height; ``None`` when
@@ -171,6 +208,8 @@ def phone_png(fig: Figure, *, tries: int = 3) -> tuple[bytes, float, float] | No
         for _ in range(tries):
             scale = width / size[0]
             fig.set_size_inches(width, size[1] * height_factor * max(scale, 0.35) ** 0.5)
+            fig.canvas.draw()
+            undo += _wrap_wide_titles(fig)
             png = _save(fig, dpi)
             px_w, px_h = png_size(png)
             css_w, css_h = px_w / PIXEL_RATIO, px_h / PIXEL_RATIO

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import numbers
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +35,13 @@ def _cell(value: Any, digits: int | None, spec: str | None = None) -> str:
     return f"{float(value):.{digits}g}" if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
 
 
+# A cell written as a number by the caller ("1.62x", "12.5%", "0.97/0.98", "-" for none)
+_NUMBER_TEXT = re.compile(r"[-+]?\d[\d.,/]*(?:e[-+]?\d+)?[x%]?|-")
+
+
 def _numeric(value: Any) -> bool:
+    if isinstance(value, str):
+        return _NUMBER_TEXT.fullmatch(value.strip()) is not None
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -56,10 +63,10 @@ class Table:
         self.caption = caption
         self.formats = list(formats) if formats is not None else [None] * len(self.header)
         self.text_rows = [
-            [_cell(v, digits, f) for v, f in zip(r, self.formats, strict=True)]
-            for r in self.rows
+            [_cell(v, digits, f) for v, f in zip(r, self.formats, strict=True)] for r in self.rows
         ]
-        # a column is numeric (right-aligned) when every cell in it is a number
+        # a column is numeric (right-aligned) when every cell in it is a number, or a
+        # string that reads as one
         self.numeric = [
             all(_numeric(r[j]) for r in self.rows) and bool(self.rows)
             for j in range(len(self.header))

@@ -113,3 +113,29 @@ def test_two_heatmaps_stack_and_show_their_query_labels_then_are_put_back():
         assert right.get_ylabel() == ""
     finally:
         plt.close(fig)
+
+
+def test_a_title_wider_than_its_panel_breaks_outside_math_and_is_put_back():
+    import torch
+
+    from attention_lib import attention_heatmap
+    from attention_lib.show.phone import _split_outside_math
+
+    assert _split_outside_math("$Q = XW_q$: actions look") == "$Q = XW_q$:\nactions look"
+    assert _split_outside_math("$a b$") is None
+    title = "cross-attention: German queries, English keys"
+    ax = attention_heatmap(torch.full((3, 7), 1 / 7), title=title)
+    try:
+        seen = []
+        real_save = ax.figure.savefig
+
+        def save(*args, **kwargs):
+            seen.append(ax.get_title())
+            return real_save(*args, **kwargs)
+
+        ax.figure.savefig = save
+        phone_png(ax.figure)
+        assert seen and all("\n" in t for t in seen)
+        assert ax.get_title() == title
+    finally:
+        plt.close(ax.figure)

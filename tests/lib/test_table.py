@@ -61,3 +61,9 @@ def test_formats_per_column_and_numbers_stay_right_aligned() -> None:
         table([[1, 2]], ["a", "b"], formats=[".2f"])
     with pytest.raises(TypeError):
         table([[1]], ["a"], formats=".2f")
+
+
+def test_numbers_written_as_text_are_right_aligned_too() -> None:
+    t = table([["a", "1.62x", "0.97/0.98"], ["bb", "12.00x", "-"]], ["m", "speed-up", "w"])
+    assert t.numeric == [False, True, True]
+    assert repr(t).splitlines()[2:] == ["a      1.62x  0.97/0.98", "bb    12.00x          -"]
