@@ -102,12 +102,12 @@ def test_two_heatmaps_stack_and_show_their_query_labels_then_are_put_back():
 
     from attention_lib import attention_grid
 
-    tokens = "the hungry cat chased a mouse".split()
+    tokens = ["the", "hungry", "cat", "chased", "a", "mouse"]
     fig = attention_grid(torch.full((2, 6, 6), 1 / 6), tokens, tokens)
     try:
         right = fig.axes[1]
         assert not right.yaxis.get_tick_params()["labelleft"]
-        png, width, height = phone_png(fig)
+        _, width, height = phone_png(fig)
         assert height > 1.5 * width  # one above the other
         assert not right.yaxis.get_tick_params()["labelleft"]  # put back
         assert right.get_ylabel() == ""
