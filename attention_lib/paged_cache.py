@@ -15,6 +15,8 @@ Blocks carry **reference counts**, so sequences can share them: :meth:`PagedKVCa
 gives a new sequence the blocks of another (a common prompt is stored once).
 A full shared block is never written again; before a sequence appends to a
 shared, partly filled last block it gets its own copy (**copy on write**).
+That bookkeeping is the :class:`~attention_lib.block_manager.BlockManager`;
+this module adds the tensors of keys and values and the ways to read them.
 
 Attention reads the keys of a batch of sequences through their block tables
 (:meth:`PagedKVCache.extend` returns a :class:`PagedBatch`, which
@@ -27,20 +29,19 @@ Explained in chapter 12, *Serving attention*.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .block_manager import BlockManager
 from .kv_cache import KVCache, LayerKVCache
 from .paged_attention import DEFAULT_TILE, paged_attention_core
 from .validation import check_int
 
 
-class PagedKVCache:
+class PagedKVCache(BlockManager):
     """A pool of ``num_blocks`` blocks of ``block_size`` tokens, for every layer,
     shared by the sequences it holds.
 
@@ -81,24 +82,14 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
-        self.block_size = check_int("block_size", block_size, minimum=1)
+        super().__init__(num_blocks, block_size)
         sizes = {"num_layers": num_layers, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         for name, n in sizes.items():
             check_int(name, n, minimum=1)
+        self.num_layers = num_layers
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.key = torch.zeros(shape, dtype=dtype, device=device)
         self.value = torch.zeros(shape, dtype=dtype, device=device)
-        self.ref_count = torch.zeros(num_blocks, dtype=torch.long)
-        self.free: list[int] = list(range(num_blocks))  # block ids, the next one first
-        self.tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
-        self._next_id = 0
-        # prefix caching: the hash of every full block published, and back
-        self.block_hash: dict[int, int] = {}
-        self.cached: dict[int, int] = {}
-        self._block_tokens: dict[int, tuple[int, ...]] = {}
-        self._hashes: dict[int, list[int]] = {}  # each sequence's chain of full-block hashes
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
@@ -137,187 +128,12 @@ class PagedKVCache:
         )
 
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
-
-    @property
     def block_nbytes(self) -> int:
         """Bytes of the keys and values of one block in every layer."""
         return 2 * self.key[:, 0].numel() * self.key.element_size()
 
-    def new_sequence(self) -> int:
-        """Start an empty sequence (no blocks yet) and return its id."""
-        seq, self._next_id = self._next_id, self._next_id + 1
-        self.tables[seq], self.lengths[seq], self._hashes[seq] = [], 0, []
-        return seq
-
-    def _check_seqs(self, seqs: Sequence[int]) -> None:
-        """``seqs`` are distinct ids of sequences this cache holds."""
-        if any(s not in self.tables for s in seqs) or len(set(seqs)) != len(seqs):
-            raise ValueError(f"expected distinct sequence ids of {sorted(self.tables)}: {seqs}")
-
-    def fork(self, parent: int) -> int:
-        """A new sequence that shares every block of ``parent`` (prefix sharing):
-        their reference counts go up, nothing is copied."""
-        self._check_seqs([parent])
-        seq = self.new_sequence()
-        self.tables[seq], self.lengths[seq] = list(self.tables[parent]), self.lengths[parent]
-        self._hashes[seq] = list(self._hashes[parent])
-        self.ref_count[[b for b in self.tables[seq] if b >= 0]] += 1
-        return seq
-
-    def free_sequence(self, seq: int) -> None:
-        """Forget ``seq``; blocks that no other sequence holds return to the pool."""
-        self._check_seqs([seq])
-        for block in self.tables.pop(seq):
-            if block >= 0:  # -1: a block already released (out of a sliding window)
-                self._release(block)
-        del self.lengths[seq], self._hashes[seq]
-
-    def crop(self, seq: int, n: int) -> None:
-        """Forget the last ``n`` tokens of ``seq`` (speculative decoding rejects
-        drafted tokens, chapter 13): blocks left empty return to the pool, and
-        a published block that becomes partly filled is unpublished (its
-        slots will be written again).
-
-        Raises:
-            ValueError: if ``seq`` is unknown or ``n`` is not in
-                ``[0, length]``, or a block the crop keeps was released.
-        """
-        self._check_seqs([seq])
-        length = self.lengths[seq]
-        if not 0 <= check_int("n", n, minimum=0) <= length:
-            raise ValueError(f"cannot crop {n} tokens: sequence {seq} holds {length}")
-        table, kept = self.tables[seq], length - n
-        blocks = -(-kept // self.block_size)  # blocks that still hold a token
-        if -1 in table[blocks - 1 : blocks] and n:
-            raise ValueError(f"cannot crop {n} tokens: the block of token {kept - 1} was released")
-        for block in table[blocks:]:
-            if block >= 0:
-                self._release(block)
-        del table[blocks:], self._hashes[seq][kept // self.block_size :]
-        last = table[-1] if table and kept % self.block_size else -1
-        if last >= 0 and self.ref_count[last] == 1 and last in self.block_hash:
-            del self.cached[self.block_hash.pop(last)], self._block_tokens[last]
-        self.lengths[seq] = kept
-
-    def _release(self, block: int) -> None:
-        """One holder fewer; an unheld block goes to the end of the free list
-        (a published one stays findable until it is reused: LRU eviction)."""
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
-            self.free.append(block)
-
-    def release_before(self, seq: int, position: int) -> int:
-        """Give back the blocks of ``seq`` whose tokens all lie before
-        ``position`` (no query will read them again: they fell out of every
-        layer's sliding window or chunk); their table entries become ``-1``.
-        Returns how many blocks were released."""
-        self._check_seqs([seq])
-        table, released = self.tables[seq], 0
-        for i in range(min(position // self.block_size, len(table))):
-            if table[i] >= 0:
-                self._release(table[i])
-                table[i], released = -1, released + 1
-        return released
-
-    # --- prefix caching: full blocks found by a hash of (parent hash, tokens)
-
-    def _chain(self, tokens: Sequence[int], parent: int | None = None) -> list[int]:
-        """The hash of every full block of ``tokens``, each chained to the one before."""
-        out, size = [], self.block_size
-        for start in range(0, len(tokens) - size + 1, size):
-            parent = _block_hash(parent, tokens[start : start + size])
-            out.append(parent)
-        return out
-
-    def match_prefix(self, tokens: Sequence[int]) -> list[int]:
-        """The published blocks that hold the longest prefix of ``tokens`` made
-        of full blocks (the chain of hashes stops at the first miss; the
-        tokens are compared too, so a hash collision cannot mix prompts)."""
-        blocks, size = [], self.block_size
-        for i, h in enumerate(self._chain(tokens)):
-            block = self.cached.get(h)
-            if block is None or self._block_tokens[block] != tuple(
-                tokens[i * size : (i + 1) * size]
-            ):
-                break
-            blocks.append(block)
-        return blocks
-
-    def share_prefix(self, seq: int, blocks: Sequence[int]) -> None:
-        """Start the empty sequence ``seq`` with the published ``blocks``
-        (from :meth:`match_prefix`): their reference counts go up; an unheld
-        one leaves the free list (it is no longer evictable)."""
-        self._check_seqs([seq])
-        if self.lengths[seq]:
-            raise ValueError(f"sequence {seq} is not empty: it holds {self.lengths[seq]} tokens")
-        for block in blocks:
-            if self.ref_count[block] == 0:
-                self.free.remove(block)
-            self.ref_count[block] += 1
-        self.tables[seq] = list(blocks)
-        self.lengths[seq] = len(blocks) * self.block_size
-        self._hashes[seq] = [self.block_hash[b] for b in blocks]
-
-    def publish(self, seq: int, tokens: Sequence[int]) -> None:
-        """Publish the full blocks of ``seq`` not published yet (``tokens``:
-        its tokens so far, whose keys the blocks hold), so later sequences
-        with the same prefix find them."""
-        hashes, table = self._hashes[seq], self.tables[seq]
-        full = min(len(tokens), self.lengths[seq]) // self.block_size
-        if full <= len(hashes):
-            return
-        start = len(hashes) * self.block_size
-        new = self._chain(tokens[start : full * self.block_size], hashes[-1] if hashes else None)
-        for i, h in enumerate(new, start=len(hashes)):
-            hashes.append(h)
-            block = table[i]
-            if h in self.cached or block < 0 or block in self.block_hash:
-                continue  # the same content is published already (keep the first)
-            self.cached[h], self.block_hash[block] = block, h
-            self._block_tokens[block] = tuple(
-                tokens[i * self.block_size : (i + 1) * self.block_size]
-            )
-
-    def blocks_needed(self, seq: int, num_new: int) -> int:
-        """Free blocks that appending ``num_new`` tokens to ``seq`` would take
-        (new blocks, and a private copy of a shared, partly filled last block)."""
-        length, table = self.lengths[seq], self.tables[seq]
-        new = -(-(length + num_new) // self.block_size) - len(table)
-        partial = length % self.block_size and num_new > 0
-        copy = 1 if partial and self.ref_count[table[-1]] > 1 else 0
-        return new + copy
-
-    def can_extend(self, seqs: Sequence[int], num_new: int) -> bool:
-        """Whether the pool has the blocks to append ``num_new`` tokens to every one of ``seqs``."""
-        self._check_seqs(seqs)
-        return sum(self.blocks_needed(s, num_new) for s in seqs) <= len(self.free)
-
-    def _allocate(self) -> int:
-        if not self.free:
-            raise RuntimeError(f"out of blocks: all {self.num_blocks} are in use")
-        block = self.free.pop(0)  # the least recently released
-        self.ref_count[block] = 1
-        if block in self.block_hash:  # evict its published content
-            del self.cached[self.block_hash.pop(block)], self._block_tokens[block]
-        return block
-
-    def _reserve(self, seq: int, num_new: int) -> None:
-        """Blocks for ``num_new`` more tokens of ``seq``, copying a shared partial block."""
-        table, length = self.tables[seq], self.lengths[seq]
-        if length % self.block_size and num_new > 0 and self.ref_count[table[-1]] > 1:
-            old, new = table[-1], self._allocate()  # copy on write
-            self.key[:, new], self.value[:, new] = self.key[:, old], self.value[:, old]
-            self.ref_count[old] -= 1
-            table[-1] = new
-        while len(table) * self.block_size < length + num_new:
-            table.append(self._allocate())
-        self.lengths[seq] = length + num_new
+    def _copy_block(self, old: int, new: int) -> None:
+        self.key[:, new], self.value[:, new] = self.key[:, old], self.value[:, old]
 
     def extend(self, seqs: Sequence[int], num_new: int) -> PagedBatch:
         """Reserve room for ``num_new`` more tokens in each of ``seqs`` and return
@@ -333,15 +149,16 @@ class PagedKVCache:
         self._check_seqs(seqs)
         old = [self.lengths[s] for s in seqs]
         for seq in seqs:
-            self._reserve(seq, num_new)
+            self.reserve(seq, num_new)
         return PagedBatch(self, list(seqs), old, num_new)
 
     def pack(self, seqs: Sequence[int], counts: Sequence[int]) -> PagedPack:
         """Reserve room for ``counts[i]`` more tokens of ``seqs[i]`` and return
-        the :class:`~attention_lib.PagedPack` of the step: every
-        new token of every sequence in one row, read in place
+        the :class:`~attention_lib.PagedPack` of the step: one row of new
+        tokens per sequence, read in place
         (``model(tokens, cache=pack, positions=pack.positions)`` with
-        ``tokens`` the ``(1, sum(counts))`` new tokens, sequence after sequence).
+        ``tokens`` ``(S, max(counts))``, row ``i`` holding the ``counts[i]``
+        new tokens of ``seqs[i]`` then any padding).
 
         Raises:
             ValueError: if ``seqs`` are not distinct ids of this cache, or a count is ``< 1``.
@@ -352,14 +169,8 @@ class PagedKVCache:
             raise ValueError(f"expected one count >= 1 per sequence of {list(seqs)}: {counts}")
         starts = [self.lengths[s] for s in seqs]
         for seq, count in zip(seqs, counts):
-            self._reserve(seq, count)
+            self.reserve(seq, count)
         return PagedPack(self, list(seqs), starts, list(counts))
-
-    def slots(self, seq: int) -> Tensor:
-        """``(length,)`` flat slot ``block * block_size + offset`` of each token of ``seq``."""
-        table = torch.tensor(self.tables[seq], dtype=torch.long)
-        positions = torch.arange(self.lengths[seq])
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def gather(self, layer: int, seq: int) -> tuple[Tensor, Tensor]:
         """The keys and values of ``seq`` in ``layer``, read through its block
@@ -408,7 +219,10 @@ class PagedBatch(KVCache):
             slots[row, width - pool.lengths[seq] :] = pool.slots(seq)
         self.read = slots  # (B, T + L)
         self.write = slots[:, self.past :]  # (B, L): where the new tokens go
-        self.layers = [PagedLayer(self, i) for i in range(pool.key.shape[0])]
+        view = self._view or PagedLayer  # the view of one layer
+        self.layers = [view(self, i) for i in range(pool.num_layers)]
+
+    _view: type | None = None  # PagedLayer unless a subclass says
 
     def layer(self, index: int, make: object = None) -> PagedLayer:
         """The view of layer ``index`` (``make`` is ignored: the pool exists)."""
@@ -509,25 +323,25 @@ class PagedLayer(LayerKVCache):
 
 class PagedPack(KVCache):
     """One engine step on a :class:`~attention_lib.PagedKVCache`, as a model's
-    cache: the new tokens of several sequences packed in one row, attention
-    read in place.
+    cache: a row of new tokens per sequence, attention read in place.
 
     Made by :meth:`~attention_lib.PagedKVCache.pack` after room was reserved.
-    The step's tokens run through the model as one row ``(1, N)``: ``count``
-    tokens of the first sequence, then of the second, ... (a prefill chunk
-    of one request and one decode token of another are alike), with
-    :attr:`positions` giving each token's position in its own sequence; no
-    padding is computed. Each attention layer writes the new keys and values
-    into their slots and calls :func:`paged_attention` (through
-    :meth:`PagedPackLayer.attend_in_place`): every sequence's queries read its
-    own blocks, in place.
+    Row ``i`` holds the ``counts[i]`` new tokens of sequence ``i`` (a prefill
+    chunk, or one decode token), then padding up to the longest row;
+    :attr:`positions` gives each token's position in its own sequence. Each
+    attention layer writes the new keys and values into their slots and calls
+    :func:`paged_attention` (through :meth:`PagedPackLayer.attend_in_place`):
+    every sequence's queries read its own blocks, in place; a padding query
+    reads nothing and writes nothing.
 
     Explained in chapter 12, *Serving attention*.
 
     Attributes:
-        positions: ``(1, N)`` position of each new token in its sequence.
-        last: ``(S,)`` index in the row of each sequence's last new token
-            (whose logits give its next token).
+        positions: ``(S, L)`` position of each new token in its sequence
+            (``0`` on padding).
+        query_positions: ``(S, L)`` the same, ``-1`` on padding.
+        last: ``(S,)`` column of each sequence's last new token (whose
+            logits give its next token).
         tables: ``(S, max_blocks)`` block tables, ``-1`` where there is no block.
         lengths: ``(S,)`` tokens of each sequence after the step.
     """
@@ -540,16 +354,15 @@ class PagedPack(KVCache):
         self.tables = torch.tensor(
             [pool.tables[s] + [-1] * (widest - len(pool.tables[s])) for s in seqs]
         )  # (S, widest)
-        start = torch.tensor(starts)
-        count = torch.tensor(counts)
+        start, count = torch.tensor(starts), torch.tensor(counts)
         self.lengths = start + count  # (S,)
         cols = torch.arange(max(counts))
         self.query_positions = torch.where(cols < count[:, None], start[:, None] + cols, -1)
-        real = self.query_positions >= 0  # (S, Lmax)
-        self.rows, self.cols = real.nonzero(as_tuple=True)  # (N,) each: the packed order
+        self.positions = self.query_positions.clamp(min=0)  # (S, L)
+        self.last = count - 1  # (S,)
+        real = self.query_positions >= 0  # (S, L)
+        self.rows, self.cols = real.nonzero(as_tuple=True)  # (N,) each
         positions = self.query_positions[real]  # (N,)
-        self.positions = positions[None]  # (1, N)
-        self.last = count.cumsum(0) - 1  # (S,)
         blocks = self.tables[self.rows, positions // size]  # (N,)
         self.write = blocks * size + positions % size  # (N,): the flat slot of each new token
         self.layers = []  # made on first use (see layer)
@@ -561,7 +374,7 @@ class PagedPack(KVCache):
         return self.layers[index]
 
     def __len__(self) -> int:
-        """``0``: the sequences of a packed step share no columns (each token's
+        """``0``: the sequences of a step share no columns (each token's
         position is given)."""
         return 0
 
@@ -583,9 +396,6 @@ class PagedPackLayer(PagedLayer):
     Explained in chapter 12, *Serving attention*.
     """
 
-    def __init__(self, pack: PagedPack, index: int) -> None:
-        super().__init__(pack, index)
-
     def __len__(self) -> int:
         return 0
 
@@ -593,7 +403,7 @@ class PagedPackLayer(PagedLayer):
     def position(self) -> int:
         return 0
 
-    _what, _rows = "paged pack", 1  # check_fits: the pack is one row of packed tokens
+    _what = "paged pack"  # what check_fits names
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Refused: the pack is read in place, by :meth:`attend_in_place`.
@@ -606,10 +416,10 @@ class PagedPackLayer(PagedLayer):
     def attend_in_place(
         self, q: Tensor, k: Tensor, v: Tensor, attention: Any, need_weights: bool = False
     ) -> Tensor:
-        """Write the new keys and values ``(1, H_kv, N, d_k)`` into their slots
-        and attend with the queries ``(1, H, N, d_k)`` through the block tables
+        """Write the new keys and values ``(S, H_kv, L, d_k)`` into their slots
+        and attend with the queries ``(S, H, L, d_k)`` through the block tables
         (:func:`paged_attention`, with ``attention``'s scale, window, chunk,
-        soft-capping and sinks); returns ``(1, H, N, d_v)``.
+        soft-capping and sinks); returns ``(S, H, L, d_v)`` (zero on padding).
 
         Raises:
             ValueError: with ``need_weights`` (the weights are never formed).
@@ -619,18 +429,9 @@ class PagedPackLayer(PagedLayer):
         pack, pool = self.batch, self.batch.pool
         for store, new in ((pool.key, k), (pool.value, v)):
             flat = store[self.index].view(-1, *store.shape[-2:])  # (blocks * size, H_kv, d)
-            flat[pack.write] = new[0].transpose(0, 1)  # (N, H_kv, d) into the slots
-        queries = torch.zeros(
-            len(pack.seqs),
-            *pack.query_positions.shape[1:],
-            *q.shape[1:2],
-            q.shape[-1],
-            dtype=q.dtype,
-            device=q.device,
-        )  # (S, Lmax, H, d_k) fmt: skip
-        queries[pack.rows, pack.cols] = q[0].transpose(0, 1)  # (N, H, d_k)
-        out = paged_attention_core(
-            queries.transpose(1, 2),
+            flat[pack.write] = new.transpose(1, 2)[pack.rows, pack.cols]  # (N, H_kv, d)
+        return paged_attention_core(
+            q,
             pool.key[self.index],
             pool.value[self.index],
             pack.tables,
@@ -642,12 +443,4 @@ class PagedPackLayer(PagedLayer):
             softcap=attention.softcap,
             sink=attention.sink,
             tile_blocks=max(1, DEFAULT_TILE // pool.block_size),
-        )  # (S, H, Lmax, d_v) fmt: skip
-        return out.transpose(1, 2)[pack.rows, pack.cols].transpose(0, 1)[None]  # (1, H, N, d_v)
-
-
-def _block_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """A 64-bit hash of (the parent block's hash, the block's tokens), the same
-    in every process and on every machine (BLAKE2b; nano-vllm uses xxHash)."""
-    data = array("q", [-1 if parent is None else parent % 2**63, *tokens]).tobytes()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+        )  # (S, H, L, d_v)
