@@ -27,6 +27,10 @@ Explained in chapter 12, *Serving attention*.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -117,6 +121,61 @@ def paged_attention(
     )  # fmt: skip
 
 
+class WalkPlan(NamedTuple):
+    """What a walk over the block tables reads, for every layer that shares
+    the tables, positions, window and chunk (the engine makes it once per
+    step and group, chapter 12): per tile, the rows that hold keys there
+    (a prefix of the batch when the sequences are sorted longest first), the
+    block ids to read, and the ``(R, 1, g Lq, n bs)`` mask of hidden keys."""
+
+    tiles: Iterable[tuple[int, Tensor, Tensor]]
+    real: Tensor  # (S, Lq): the queries that are not padding
+
+
+def walk_plan(
+    tables: Tensor,
+    positions: Tensor,
+    lengths: Tensor,
+    *,
+    block_size: int,
+    group: int,
+    window: int | None,
+    chunk: int | None,
+    tile_blocks: int,
+    lazy: bool = False,
+) -> WalkPlan:
+    """The :class:`WalkPlan` of :func:`paged_attention` (no checks), its tiles
+    made as the walk reads them (``lazy``: a tile's mask at a time) or all at
+    once, for the layers of a step to share."""
+    # The first key any query may see: its window's or its chunk's start.
+    first = torch.zeros_like(positions)
+    if window is not None:
+        first = (positions - window + 1).clamp(min=0)
+    if chunk is not None:
+        first = torch.maximum(first, positions // chunk * chunk)
+    real = positions >= 0
+    lowest = int(first[real].min()) if bool(real.any()) else 0
+    ends = lengths.tolist()
+    used = -(-max(ends, default=0) // block_size)
+    pos = positions.repeat(1, group)[:, None, :, None]  # (S, 1, g Lq, 1), as the rows of q
+    first = first.repeat(1, group)[:, None, :, None]
+    # Sequences sorted longest first (as the engine runs them): a tile reads the
+    # rows that still hold keys there, a prefix of the batch, and nothing else.
+    descending = all(a >= b for a, b in itertools.pairwise(ends))
+
+    def tiles() -> Iterator[tuple[int, Tensor, Tensor]]:
+        for b0 in range(lowest // block_size, used, tile_blocks):
+            rows = sum(e > b0 * block_size for e in ends) if descending else len(ends)
+            ids = tables[:rows, b0 : b0 + tile_blocks]  # (R, n)
+            n = ids.shape[1]
+            t = torch.arange(b0 * block_size, (b0 + n) * block_size, device=tables.device)
+            held = (t < lengths[:rows, None]) & (ids >= 0).repeat_interleave(block_size, dim=1)
+            sees = held[:, None, None, :] & (t <= pos[:rows]) & (t >= first[:rows])
+            yield rows, ids.clamp(min=0).flatten(), ~sees  # a missing block: block 0, hidden
+
+    return WalkPlan(tiles() if lazy else list(tiles()), real)
+
+
 def paged_attention_core(
     query: Tensor,
     key_pool: Tensor,
@@ -131,13 +190,17 @@ def paged_attention_core(
     softcap: float | None,
     sink: Tensor | None,
     tile_blocks: int,
+    plan: WalkPlan | None = None,
 ) -> Tensor:
     """:func:`paged_attention` without its checks: the walk that each
     attention layer of chapter 12's engine runs at every step (the engine
-    validated its inputs once for the step)."""
+    validated its inputs once for the step, and hands the step's ``plan``)."""
     num_seqs, heads, q_len, _ = query.shape
     _, block_size, kv_heads, d_v = value_pool.shape
     group = heads // kv_heads
+    if plan is None:
+        plan = walk_plan(tables, positions, lengths, block_size=block_size, group=group,
+                         window=window, chunk=chunk, tile_blocks=tile_blocks, lazy=True)  # fmt: skip
     # The g query heads of a key/value head are rows of one matrix: (S, H_kv, g Lq, d_k).
     q = query.reshape(num_seqs, kv_heads, group * q_len, -1) * scale
     state = OnlineSoftmaxState.empty(
@@ -147,36 +210,19 @@ def paged_attention_core(
         start = sink.to(query.dtype).reshape(1, kv_heads, group, 1).repeat_interleave(q_len, 2)
         state = OnlineSoftmaxState(start.expand_as(state.row_max).clone(),
                                    state.row_sum + 1, state.acc)  # fmt: skip
-    # The first key any query may see: its window's or its chunk's start.
-    first = torch.zeros_like(positions)
-    if window is not None:
-        first = (positions - window + 1).clamp(min=0)
-    if chunk is not None:
-        first = torch.maximum(first, positions // chunk * chunk)
-    real = positions >= 0
-    lowest = int(first[real].min()) if bool(real.any()) else 0
-    used = -(-int(lengths.max()) // block_size) if len(lengths) else 0
-    pos = positions.repeat(1, group)[:, None, :, None]  # (S, 1, g Lq, 1), as the rows of q
-    first = first.repeat(1, group)[:, None, :, None]
-    for b0 in range(lowest // block_size, used, tile_blocks):
-        ids = tables[:, b0 : b0 + tile_blocks]  # (S, n)
-        n = ids.shape[1]
-        blocks = ids.clamp(min=0).flatten()  # (S n,); a missing block reads block 0, hidden
+    row_max, row_sum, acc = state
+    for rows, blocks, hidden in plan.tiles:
         k, v = (
-            pool.index_select(0, blocks)
-            .view(num_seqs, -1, kv_heads, pool.shape[-1])
-            .transpose(1, 2)
-            .contiguous()
+            pool.index_select(0, blocks).view(rows, -1, kv_heads, pool.shape[-1]).transpose(1, 2)
             for pool in (key_pool, value_pool)
-        )  # (S, H_kv, n bs, d_k) and (S, H_kv, n bs, d_v)
-        scores = q @ k.transpose(-2, -1)  # (S, H_kv, g Lq, n bs)
+        )  # (R, H_kv, n bs, d_k) and (R, H_kv, n bs, d_v)
+        scores = q[:rows] @ k.transpose(-2, -1)  # (R, H_kv, g Lq, n bs)
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
-        t = torch.arange(b0 * block_size, (b0 + n) * block_size, device=q.device)  # (n bs,)
-        held = (t < lengths[:, None]) & (ids >= 0).repeat_interleave(block_size, dim=1)
-        sees = held[:, None, None, :] & (t <= pos) & (t >= first)  # (S, 1, g Lq, n bs)
-        scores = scores.masked_fill_(~sees, float("-inf"))
-        state = online_softmax_core(state, scores, v, base2=False, dropout_p=0.0, inplace=True)
+        scores = scores.masked_fill_(hidden, float("-inf"))
+        part = OnlineSoftmaxState(row_max[:rows], row_sum[:rows], acc[:rows])  # views
+        part = online_softmax_core(part, scores, v, base2=False, dropout_p=0.0, inplace=True)
+        row_max[:rows] = part.row_max  # the sum and the output were updated in place
         del scores, k, v
-    out = state.output().view(num_seqs, heads, q_len, d_v)  # (S, H, Lq, d_v)
-    return out.masked_fill(~real[:, None, :, None], 0.0)
+    out = OnlineSoftmaxState(row_max, row_sum, acc).output().view(num_seqs, heads, q_len, d_v)
+    return out.masked_fill(~plan.real[:, None, :, None], 0.0)

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .block_manager import BlockManager
 from .kv_cache import KVCache, LayerKVCache
-from .paged_attention import DEFAULT_TILE, paged_attention_core
+from .paged_attention import DEFAULT_TILE, paged_attention_core, walk_plan
 from .validation import check_int
 
 
@@ -366,6 +366,7 @@ class PagedPack(KVCache):
         blocks = self.tables[self.rows, positions // size]  # (N,)
         self.write = blocks * size + positions % size  # (N,): the flat slot of each new token
         self.layers = []  # made on first use (see layer)
+        self.plans: dict = {}  # the walk of the layers' paged attention, made once
 
     def layer(self, index: int, make: object = None) -> PagedPackLayer:
         """The view of layer ``index`` on the pool (``make`` is ignored)."""
@@ -430,6 +431,12 @@ class PagedPackLayer(PagedLayer):
         for store, new in ((pool.key, k), (pool.value, v)):
             flat = store[self.index].view(-1, *store.shape[-2:])  # (blocks * size, H_kv, d)
             flat[pack.write] = new.transpose(1, 2)[pack.rows, pack.cols]  # (N, H_kv, d)
+        tile_blocks, group = max(1, DEFAULT_TILE // pool.block_size), q.shape[1] // k.shape[1]
+        key = (attention.window, attention.chunk_size, group)
+        if key not in pack.plans:  # once per step for the layers that share it
+            pack.plans[key] = walk_plan(pack.tables, pack.query_positions, pack.lengths,
+                                        block_size=pool.block_size, group=group,
+                                        window=key[0], chunk=key[1], tile_blocks=tile_blocks)  # fmt: skip
         return paged_attention_core(
             q,
             pool.key[self.index],
@@ -442,5 +449,6 @@ class PagedPackLayer(PagedLayer):
             chunk=attention.chunk_size,
             softcap=attention.softcap,
             sink=attention.sink,
-            tile_blocks=max(1, DEFAULT_TILE // pool.block_size),
+            tile_blocks=tile_blocks,
+            plan=pack.plans[key],
         )  # (S, H, L, d_v)

@@ -35,8 +35,9 @@ recently released first. **Admission** keeps a *watermark* of free blocks
 (``watermark``, a fraction of the pool, 1% as in vLLM) for the running
 requests to grow into, so that fewer of them are preempted.
 
-The decisions are the :class:`~attention_lib.scheduler.Scheduler`'s. If the pool runs out of blocks, the request admitted last is **preempted**:
-its blocks are freed and it goes back to the front of the queue, to be
+The decisions are the :class:`~attention_lib.scheduler.Scheduler`'s. If
+the pool runs out of blocks, the request admitted last is **preempted**: its
+blocks are freed and it goes back to the front of the queue, to be
 prefilled again later with the tokens it has so far (vLLM's "recompute").
 Under greedy decoding, every request gets the tokens that
 :func:`~attention_lib.generate` gives it alone, whatever the schedule.
@@ -173,6 +174,7 @@ class Engine:
         keys = [self.cache.pass_key(r.seq, n) for r, n in work]
         for key in dict.fromkeys(keys):  # in order of first appearance
             requests = [r for (r, _), k in zip(work, keys) if k == key]
+            requests.sort(key=lambda r: -r.computed)  # longest first: see paged_attention
             count = key[0]
             tokens = torch.tensor([r.pending(count) for r in requests])  # (S, count)
             step = self.cache.step([r.seq for r in requests], count)
