@@ -108,6 +108,8 @@ def issue44(editions: list[str], only: list[str] | None = None) -> int:
                 context.set_default_timeout(180_000)  # a loaded machine
                 controls = over = 0
                 texts: list[float] = []
+                static: list[float] = []  # static figures (a phone rendition since item 3)
+                frames: list[float] = []  # the shown frame of each slider
                 sig_total = sig_wrong = 0
                 for docname in only or PAGES:
                     page = context.new_page()
@@ -118,7 +120,10 @@ def issue44(editions: list[str], only: list[str] | None = None) -> int:
                         sig_total += n
                         sig_wrong += len(wrong)
                     if where == "phone":
-                        texts += [f["px"] for f in figure_texts(page) if f["px"] is not None]
+                        for f in figure_texts(page):
+                            if f["px"] is not None:
+                                texts.append(f["px"])
+                                (static if f["font"] == "static" else frames).append(f["px"])
                     z = zoom_controls_over_ink(page)
                     controls += z["controls"]
                     over += z["over_ink"]
@@ -136,6 +141,12 @@ def issue44(editions: list[str], only: list[str] | None = None) -> int:
                         f"{sum(t < 9 for t in texts)} of {len(texts)} "
                         f"(median {statistics.median(texts) if texts else 0:.1f} px)"
                     )
+                    for name, values in (("static", static), ("slider", frames)):
+                        row[f"phone_{name}"] = (
+                            f"{sum(t < 9 for t in values)} of {len(values)} below 9 px, "
+                            f"smallest {min(values, default=0):.1f}, median "
+                            f"{statistics.median(values) if values else 0:.1f}"
+                        )
                 else:
                     row["signatures"] = f"{sig_total - sig_wrong} of {sig_total} correct"
 
@@ -163,6 +174,8 @@ def issue44(editions: list[str], only: list[str] | None = None) -> int:
         ("controls_desktop", "controls over ink, desktop"),
         ("smallest_phone_text", "smallest phone figure text (CSS px)"),
         ("phone_text_below_9", "phone figures with text below 9 px"),
+        ("phone_static", "of which static figures"),
+        ("phone_slider", "of which slider frames"),
         ("split_outputs", "cells with split output"),
         ("pdfs", "PDFs"),
     ]
