@@ -187,6 +187,11 @@ __all__ += [
     "zigzag_split",
 ]
 
+# --- where attention goes: StreamingLLM's cache at cache positions (chapter 15)
+from .streaming import ReindexedLayerKVCache, StreamingKVCache
+
+__all__ += ["ReindexedLayerKVCache", "StreamingKVCache"]
+
 # --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 16)
 from .convert import layer_options_from_hf
 from .kv_cache import ChunkKVCache

@@ -187,3 +187,82 @@ def test_models_pass_the_options_to_every_attention_layer() -> None:
             model(tokens[:, p : p + 1], cache=cache) for p in range(4, 9)
         ]
         torch.testing.assert_close(torch.cat(steps, 1), model(tokens), atol=1e-10, rtol=0)
+
+
+def _stream(model, tokens, cache, chunk=1):
+    """Feed ``tokens`` ``chunk`` at a time at the cache's positions; the logits."""
+    with torch.no_grad():
+        return torch.cat(
+            [
+                model(tokens[:, t : t + chunk], cache=cache, positions=cache.positions(chunk))
+                for t in range(0, tokens.shape[1], chunk)
+            ],
+            1,
+        )
+
+
+@pytest.mark.parametrize("sinks, window", [(0, 5), (1, 4), (3, 6)])
+def test_streaming_cache_equals_a_fresh_run_on_the_kept_tokens(sinks, window) -> None:
+    """StreamingLLM at cache positions: a one-layer RoPE model fed one token at
+    a time gives, at every step, the logits of the model run from scratch on the
+    sinks and the window at positions 0, 1, ... (its keys depend on the token
+    alone); the cached keys are exactly those of the kept tokens at those places."""
+    from attention_lib import CausalLM, StreamingKVCache, apply_rope
+
+    torch.manual_seed(6)
+    model = CausalLM(13, 32, 4, 1, max_len=40, positional="rope").eval().double()
+    tokens = torch.randint(13, (2, 30))
+    cache = StreamingKVCache(keep_last=window, sink_tokens=sinks, rope_base=10000.0)
+    streamed = _stream(model, tokens, cache)
+    with torch.no_grad():
+        for t in range(30):
+            kept = torch.cat(
+                [tokens[:, : min(sinks, t + 1)], tokens[:, max(sinks, t - window) : t + 1]], 1
+            )
+            torch.testing.assert_close(streamed[:, t], model(kept)[:, -1], atol=1e-12, rtol=0)
+        attn = model.blocks.layers[0].self_attn
+        kept = torch.cat([tokens[:, :sinks], tokens[:, -window:]], 1)  # what the cache holds
+        h = model.blocks.layers[0].norm1(model.embedding(kept))  # (B, s + w, d)
+        k = attn.W_k(h).view(2, -1, attn.num_kv_heads, attn.d_k).transpose(1, 2)
+    torch.testing.assert_close(cache.layers[0].key, apply_rope(k), atol=1e-12, rtol=0)
+    assert len(cache) == sinks + window and cache.position == 30
+    assert cache.positions(2).tolist() == [sinks + window, sinks + window + 1]
+
+
+def test_streaming_cache_in_chunks_and_with_two_layers() -> None:
+    """Chunks of 3 tokens give the same logits as one token at a time whenever no
+    key a chunk's first queries need has been dropped (no window: a full cache at
+    positions 0, 1, ... is a plain cache); two layers differ from a fresh run."""
+    from attention_lib import CausalLM, KVCache, StreamingKVCache
+
+    torch.manual_seed(7)
+    model = CausalLM(13, 32, 4, 2, max_len=64, positional="rope").eval().double()
+    tokens = torch.randint(13, (2, 24))
+    big = StreamingKVCache(keep_last=64, sink_tokens=0, rope_base=10000.0)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            _stream(model, tokens, big, chunk=3), model(tokens), atol=1e-12, rtol=0
+        )
+        small = StreamingKVCache(keep_last=4, sink_tokens=1, rope_base=10000.0)
+        streamed = _stream(model, tokens, small)
+        kept = torch.cat([tokens[:, :1], tokens[:, -5:]], 1)
+        assert (streamed[:, -1] - model(kept)[:, -1]).abs().max() > 1e-6
+        # at text positions (KVCache) the keys stay put: the last query is at 23
+        plain = KVCache(window=4, sink_tokens=1)
+        text = torch.cat([model(tokens[:, t : t + 1], cache=plain) for t in range(24)], 1)
+    assert (text[:, -1] - streamed[:, -1]).abs().max() > 1e-6  # the sink is 23 away, not 5
+
+
+def test_streaming_cache_refuses_bad_sizes() -> None:
+    from attention_lib import StreamingKVCache
+
+    with pytest.raises(ValueError, match="keep_last"):
+        StreamingKVCache(keep_last=0, sink_tokens=1, rope_base=10000.0)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        StreamingKVCache(keep_last=4, sink_tokens=-1, rope_base=10000.0)
+    with pytest.raises(TypeError, match="keep_last"):
+        StreamingKVCache(keep_last=4.0, sink_tokens=1, rope_base=10000.0)
+    with pytest.raises((TypeError, ValueError), match="base"):
+        StreamingKVCache(keep_last=4, sink_tokens=1, rope_base=1.0)
+    with pytest.raises(ValueError, match="length"):
+        StreamingKVCache(keep_last=4, sink_tokens=1, rope_base=10000.0).positions(0)
