@@ -226,3 +226,25 @@ def test_clear_errors():
     hybrid.blocks.layers[1].self_attn = torch.nn.Identity()  # no cache protocol: named
     with pytest.raises(ValueError, match="layer 1 .* cannot be served"):
         Engine(hybrid, 8, 4)
+
+
+def test_each_group_holds_what_its_layers_keep():
+    """Per-group block tables: the full group keeps every block, the sliding
+    group only its window's, the linear layer one slot of fixed size."""
+    lm = model("linear-sliding-full")  # window 5
+    engine = Engine(lm, 64, 2, 1)
+    one = Request(torch.arange(1, 4), 30)
+    engine.submit(one)
+    held = []
+    while not one.finished:
+        engine.step()
+        if one.seq is not None:
+            held.append((one.computed, engine.cache.nbytes_of(one.seq)))
+    assert torch.equal(one.tokens(), alone(lm, one))
+    assert engine.cache.names == ["linear", "sliding", "full"]
+    _, sliding, full = engine.cache.groups
+    assert len({h["linear"] for _, h in held}) == 1 and held[0][1]["linear"] > 0
+    assert max(h["sliding"] for _, h in held) <= (-(-5 // 2) + 1) * sliding.block_nbytes
+    for computed, h in held:
+        assert h["full"] == -(-computed // 2) * full.block_nbytes
+    assert engine.cache.all_free()
