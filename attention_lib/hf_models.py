@@ -152,7 +152,8 @@ class DecoderConverters:
             raise TypeError(f"model must be {what}, got {type(model).__name__}")
         embedding, layers, final_norm = parts
         d_model = embedding.embedding_dim
-        mixers = [_attention(layer, i, backend) for i, layer in enumerate(layers)]
+        rope = getattr(decoder, "rotary_emb", None) is not None  # Kimi Linear's MLA: none
+        mixers = [_attention(layer, i, backend, rope) for i, layer in enumerate(layers)]
         blocks = [_block(layer, i, d_model) for i, layer in enumerate(layers)]
         (block, d_ff), *others = blocks
         if any(other != (block, d_ff) for other in others):
@@ -194,14 +195,16 @@ class DecoderConverters:
 
 
 def _attention(
-    layer: nn.Module, index: int, backend: str
+    layer: nn.Module, index: int, backend: str, rope: bool = True
 ) -> MultiHeadAttention | MultiHeadLatentAttention | GatedDeltaNet:
     """Layer ``index``'s token mixer: ``MultiHeadAttention.from_hf``,
     ``MultiHeadLatentAttention.from_hf`` for DeepSeek's latent layers (those
     with a ``kv_b_proj``; without DeepSeek-V3.2's indexer), or
     ``GatedDeltaNet.from_hf`` for Qwen3-Next's linear layers (``linear_attn``),
     ``KimiDeltaAttention.from_hf`` for Kimi Linear's (a ``forget_gate``),
-    ``Mamba2.from_hf`` for Bamba's Mamba-2 layers (``mamba``)."""
+    ``Mamba2.from_hf`` for Bamba's Mamba-2 layers (``mamba``). ``rope``: the
+    model has a rotary embedding (a latent layer of a model without one is
+    refused)."""
     attention = getattr(layer, "self_attn", None)
     linear = getattr(layer, "linear_attn", None)
     if linear is not None and attention is None:  # Qwen3-Next's Gated DeltaNet (chapter 18)
@@ -217,6 +220,8 @@ def _attention(
         if hasattr(attention, "kv_b_proj"):  # MLA (chapter 17)
             if getattr(attention, "indexer", None) is not None:
                 raise ValueError("DSA's lightning indexer (DeepSeek-V3.2) is not converted here")
+            if not rope:  # the model has no rotary embedding to give it
+                raise ValueError("latent attention without RoPE (Kimi Linear's) is not reproduced")
             return MultiHeadLatentAttention.from_hf(attention)
         return MultiHeadAttention.from_hf(attention, backend=backend)
     except (TypeError, ValueError) as error:

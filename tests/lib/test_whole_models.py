@@ -390,3 +390,13 @@ def test_mixture_of_experts_equals_gpt_oss_mlp_and_its_parts_matter():
 def test_refuses_what_is_not_a_decoder():
     with pytest.raises(TypeError, match="ForCausalLM"):
         CausalLM.from_hf(nn.Linear(3, 3))
+
+
+def test_kimi_linear_latent_layers_without_rope_are_refused_by_name():
+    """Kimi Linear's full layers are MLA without RoPE (its model has no rotary
+    embedding): refused by name, not converted as DeepSeek's MLA."""
+    kinds = ["linear_attention"] * 2 + ["full_attention"]
+    model = hf_model("kimi_linear", layer_types=kinds, num_key_value_heads=4)
+    with pytest.raises(ValueError, match="layer 2's attention: latent attention without RoPE"):
+        CausalLM.from_hf(model)
+    assert not hasattr(model.model, "rotary_emb")
