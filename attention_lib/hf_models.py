@@ -106,12 +106,16 @@ class DecoderConverters:
         Qwen3-Next with dense MLPs (3 Gated DeltaNet layers : 1 full layer with
         partial RoPE, an output gate and ``1 + w`` norms) and gpt-oss (attention
         sinks, sliding and full layers, YaRN, and its mixture of experts with
-        clamped SwiGLU experts, :class:`~attention_lib.moe.MixtureOfExperts`).
-        In float32 the logits agree to about ``1e-6``; in float64 to about
+        clamped SwiGLU experts, :class:`~attention_lib.moe.MixtureOfExperts`),
+        Kimi Linear with KDA layers only and dense MLPs
+        (:class:`~attention_lib.kda.KimiDeltaAttention`) and Bamba (Mamba-2
+        layers, :class:`~attention_lib.mamba2.Mamba2`, and attention layers
+        with partial RoPE). In float32 the logits agree to about ``1e-6``; in float64 to about
         ``1e-7`` only, because transformers computes its RoPE tables (and
         Gemma its norms) in float32 whatever the model's dtype.
 
-        Refused, by name: DeepSeek-V3.2's indexer, a decoder layer whose sublayers
+        Refused, by name: DeepSeek-V3.2's indexer, latent attention in a
+        model without a rotary embedding (Kimi Linear's full layers), a decoder layer whose sublayers
         are not those of a pre-norm or a sandwich block; a mixture of experts
         other than gpt-oss's (DeepSeek's and Qwen3-Next's, with shared
         experts); an MLP that is not a gated MLP without biases with SiLU or
