@@ -110,3 +110,20 @@ def test_chunked_attention_is_decided_by_the_layer_types() -> None:
     everywhere = CausalLM(13, 32, 2, 2, max_len=64, chunk_size=4).eval()
     with pytest.raises(ValueError, match="chunked layers"):
         everywhere(tokens, mask=mask)
+
+
+@pytest.mark.parametrize("kinds", [KIMI, NEMOTRON], ids=str)
+def test_rollback_through_a_snapshot(kinds) -> None:
+    """Speculative decoding's rollback (chapter 13) works for the KDA and
+    Mamba-2 states as for Gated DeltaNet's: snapshot, read 5, crop 5."""
+    lm = model(kinds)
+    tokens = torch.randint(0, 13, (1, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = lm(tokens)[:, 10:]
+        cache = KVCache()
+        lm(tokens[:, :10], cache=cache)
+        cache.snapshot()
+        lm(torch.randint(0, 13, (1, 5)), cache=cache)  # rejected guesses
+        cache.crop(5)
+        got = lm(tokens[:, 10:], cache=cache)
+    assert cache.position == 16 and (got - want).abs().max() < 1e-5
