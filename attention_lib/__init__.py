@@ -28,7 +28,8 @@ __all__ += [
 
 # --- the display kit: heatmaps and slider explorers (used by every chapter)
 from .show.explorer import SliderExplorer, explore
-from .show.style import smallest_text_px, use_book_style
+from .show.phone import use_book_style
+from .show.style import smallest_text_px
 from .show.viz import attention_grid, attention_heatmap
 
 __all__ += [
@@ -173,6 +174,8 @@ from .distributed import (
     ring_attention,
     ring_blocks_per_rank,
     ulysses_attention,
+    usp_attention,
+    usp_groups,
     zigzag_merge,
     zigzag_split,
 )
@@ -183,14 +186,16 @@ __all__ += [
     "ring_attention",
     "ring_blocks_per_rank",
     "ulysses_attention",
+    "usp_attention",
+    "usp_groups",
     "zigzag_merge",
     "zigzag_split",
 ]
 
 # --- where attention goes: StreamingLLM's cache at cache positions (chapter 15)
-from .streaming import ReindexedLayerKVCache, StreamingKVCache
+from .streaming import StreamingKVCache
 
-__all__ += ["ReindexedLayerKVCache", "StreamingKVCache"]
+__all__ += ["StreamingKVCache"]
 
 # --- long contexts: chunked layers, per-layer types, configs of 🤗 transformers (chapter 16)
 from .convert import layer_options_from_hf

@@ -1,7 +1,7 @@
 """A phone rendition of every figure, so a phone shows its text at >= 9 CSS px (issue 44).
 
 Explained in chapter 1, *Queries, keys and values* (its first cell calls
-:func:`~attention_lib.show.style.use_book_style`, which installs it); used by every
+:func:`~attention_lib.show.phone.use_book_style`, which installs it); used by every
 static figure of the book.
 
 A figure laid out for the desktop column (:data:`~attention_lib.show.style.COLUMN_PX`,
@@ -38,7 +38,15 @@ import math
 import struct
 from typing import TYPE_CHECKING, Any
 
-from .style import DPI, MIN_FONT_PT, MIN_TEXT_PX, PIXEL_RATIO, smallest_font_pt, text_css_px
+from .style import (
+    BOOK_RC,
+    DPI,
+    MIN_FONT_PT,
+    MIN_TEXT_PX,
+    PIXEL_RATIO,
+    smallest_font_pt,
+    text_css_px,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time
     from matplotlib.figure import Figure
@@ -163,12 +171,16 @@ def _wrap_wide_titles(fig: Figure) -> list[Any]:
     """Break over two lines each axes title wider than its axes (the figure just drawn):
     on a narrow figure a title keeps its size in points and would run into its neighbours
     (a colorbar, the next panel). Returns what puts the titles back."""
+    from matplotlib.text import Text
+
     renderer = fig.canvas.get_renderer()
     undo = []
     for ax in fig.axes:
         if not ax.get_visible():
             continue
-        for title in (ax.title, ax._left_title, ax._right_title):
+        names = {ax.get_title(loc=loc) for loc in ("left", "center", "right")}
+        titles = [c for c in ax.get_children() if isinstance(c, Text) and c.get_text() in names]
+        for title in titles:
             text = title.get_text()
             if not text or not title.get_visible():
                 continue
@@ -242,11 +254,19 @@ def phone_metadata(fig: Figure) -> dict[str, Any] | None:
 def with_phone_rendition(png_formatter: Any) -> Any:
     """Wrap the inline backend's PNG formatter of figures (``(png, metadata)``) so that its
     metadata also carries the phone rendition (:data:`METADATA_KEY`)."""
-    if getattr(png_formatter, "_afs_phone", False):
+    if isinstance(png_formatter, _WithPhoneRendition):
         return png_formatter
+    return _WithPhoneRendition(png_formatter)
 
-    def formatter(fig: Figure) -> Any:
-        out = png_formatter(fig)
+
+class _WithPhoneRendition:
+    """A figure's PNG formatter whose metadata also carries the phone rendition."""
+
+    def __init__(self, png_formatter: Any) -> None:
+        self.png_formatter = png_formatter
+
+    def __call__(self, fig: Figure) -> Any:
+        out = self.png_formatter(fig)
         if out is None:
             return out
         data, md = out if isinstance(out, tuple) else (out, {})
@@ -255,5 +275,47 @@ def with_phone_rendition(png_formatter: Any) -> Any:
             return out
         return data, {**(md or {}), METADATA_KEY: phone}
 
-    formatter._afs_phone = True  # type: ignore[attr-defined]
-    return formatter
+
+def use_book_style() -> None:
+    """Apply the book's figure rules to every figure made from now on (e.g. ``plt``'s).
+
+    Call it once, after ``import matplotlib.pyplot`` (the inline backend sets its own
+    resolution when pyplot is imported). In a notebook it also makes the inline backend
+    save figures with ``PIXEL_RATIO`` (2) pixels per CSS px (its ``retina`` format).
+    """
+    import matplotlib
+
+    matplotlib.rcParams.update(BOOK_RC)
+    _retina_inline_figures()
+
+
+def _retina_inline_figures() -> None:
+    """Figures shown by the inline backend as 2x PNGs (nothing outside IPython)."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+    except ImportError:  # pragma: no cover - matplotlib without IPython
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    # The inline backend's own setting where it is loaded (it re-registers the
+    # formatters with its print options); else the formatters directly. pyplot loads
+    # its backend only for the first figure, and the inline backend then registers its
+    # formats: load it now, so that the setting below is the one it registers.
+    import matplotlib
+    from matplotlib.backends import backend_registry
+
+    backend = matplotlib.get_backend()
+    if "inline" in backend:
+        backend_registry.load_backend_module(backend)
+    inline = [c for c in shell.configurables if type(c).__name__ == "InlineBackend"]
+    for backend in inline:
+        backend.figure_formats = {"retina"}
+    if not inline:
+        select_figure_formats(shell, {"retina"})
+    # every figure's PNG also carries its phone rendition (attention_lib.show.phone)
+    from matplotlib.figure import Figure
+
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type(Figure, with_phone_rendition(png.lookup_by_type(Figure)))

@@ -83,53 +83,6 @@ def book_style() -> Iterator[None]:
         yield
 
 
-def use_book_style() -> None:
-    """Apply the book's figure rules to every figure made from now on (e.g. ``plt``'s).
-
-    Call it once, after ``import matplotlib.pyplot`` (the inline backend sets its own
-    resolution when pyplot is imported). In a notebook it also makes the inline backend
-    save figures with ``PIXEL_RATIO`` (2) pixels per CSS px (its ``retina`` format).
-    """
-    import matplotlib
-
-    matplotlib.rcParams.update(BOOK_RC)
-    _retina_inline_figures()
-
-
-def _retina_inline_figures() -> None:
-    """Figures shown by the inline backend as 2x PNGs (nothing outside IPython)."""
-    try:
-        from IPython import get_ipython
-        from IPython.core.pylabtools import select_figure_formats
-    except ImportError:  # pragma: no cover - matplotlib without IPython
-        return
-    shell = get_ipython()
-    if shell is None:
-        return
-    # The inline backend's own setting where it is loaded (it re-registers the
-    # formatters with its print options); else the formatters directly. pyplot loads
-    # its backend only for the first figure, and the inline backend then registers its
-    # formats: load it now, so that the setting below is the one it registers.
-    import matplotlib
-    from matplotlib.backends import backend_registry
-
-    backend = matplotlib.get_backend()
-    if "inline" in backend:
-        backend_registry.load_backend_module(backend)
-    inline = [c for c in shell.configurables if type(c).__name__ == "InlineBackend"]
-    for backend in inline:
-        backend.figure_formats = {"retina"}
-    if not inline:
-        select_figure_formats(shell, {"retina"})
-    # every figure's PNG also carries its phone rendition (attention_lib.show.phone)
-    from matplotlib.figure import Figure
-
-    from .phone import with_phone_rendition
-
-    png = shell.display_formatter.formatters["image/png"]
-    png.for_type(Figure, with_phone_rendition(png.lookup_by_type(Figure)))
-
-
 def _texts(fig: Figure, draw: bool = True) -> list[Any]:
     """Every visible, non-empty text of ``fig``, tick labels included; a hidden artist
     (an unused grid cell, a switched-off tick label) hides all it holds. ``draw=False``
