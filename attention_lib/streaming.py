@@ -32,12 +32,10 @@ from .rope import apply_rope
 from .validation import check_base, check_int
 
 
-class ReindexedLayerKVCache(LayerKVCache):
+class _ReindexedLayerKVCache(LayerKVCache):
     """One layer of :class:`StreamingKVCache`: a rolling cache with sinks whose
     keys are re-rotated when the window slides, so that they always sit at
     their place in the cache.
-
-    Explained in chapter 15, *Where attention goes*.
 
     Args:
         keep_last: the window ``w``: the last ``w`` tokens are kept.
@@ -105,12 +103,13 @@ class StreamingKVCache(KVCache):
         self.rope_base = check_base(rope_base)
 
     def layer(self, index: int, make: Any = None) -> Any:
-        """The cache of layer ``index``, a :class:`ReindexedLayerKVCache`
-        created empty the first time (``make`` is not used: every layer of
-        the model keeps the same kind). A building block: no checks."""
+        """The cache of layer ``index``: a rolling
+        :class:`~attention_lib.LayerKVCache` with sinks that re-rotates its
+        keys, created empty the first time (``make`` is not used: every layer
+        of the model keeps the same kind). A building block: no checks."""
         while len(self.layers) <= index:
             self.layers.append(
-                ReindexedLayerKVCache(
+                _ReindexedLayerKVCache(
                     self.keep_last or 1, self.sink_tokens or 0, rope_base=self.rope_base
                 )
             )

@@ -15,6 +15,9 @@ values. Two ways to compute exact attention over the whole sequence:
   sequence split into a head split (each rank gets the whole sequence for
   ``H / P`` heads), attention runs locally, and a second all-to-all turns it
   back. It needs ``H`` divisible by ``P``.
+* **Ulysses x ring** (USP): ``P = U x R`` ranks in a grid, Ulysses'
+  all-to-all in each row of ``U``, the ring down each column of ``R``
+  (:func:`usp_attention`, groups from :func:`usp_groups`).
 
 The functions run inside the caller's process group (the default one when
 ``group=None``): they never create or destroy one. :func:`launch` starts
@@ -28,7 +31,7 @@ The package, one concept per module (every name below is importable from
 
 * the algorithms: ``layout`` (contiguous and zig-zag shards), ``comm`` (a
   rank in its group: sends, counts, the agreement on shard shapes),
-  ``ring`` (ring attention), ``ulysses`` (DeepSpeed-Ulysses), ``allgather``
+  ``ring`` (ring attention), ``ulysses`` (DeepSpeed-Ulysses and USP), ``allgather``
   (gathering first);
 * running them: ``launcher`` (:func:`launch`) and ``cases`` (the check:
   :class:`Case`, :func:`run_cases`, :func:`reference`, :func:`gather` and the
@@ -53,4 +56,4 @@ from .comm import CommStats  # noqa: F401
 from .launcher import free_port, launch  # noqa: F401
 from .layout import LAYOUTS, zigzag_merge, zigzag_split  # noqa: F401
 from .ring import ring_attention, ring_blocks_per_rank  # noqa: F401
-from .ulysses import ulysses_attention  # noqa: F401
+from .ulysses import ulysses_attention, usp_attention, usp_groups  # noqa: F401

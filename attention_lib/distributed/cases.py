@@ -27,13 +27,14 @@ from .allgather import allgather_attention
 from .comm import CommStats
 from .layout import zigzag_merge, zigzag_split
 from .ring import ring_attention
-from .ulysses import ulysses_attention
+from .ulysses import ulysses_attention, usp_attention, usp_groups
 
 #: The distributed attentions by name, for :class:`Case`.
 METHODS: dict[str, Callable[..., Tensor]] = {
     "allgather": allgather_attention,
     "ring": ring_attention,
     "ulysses": ulysses_attention,
+    "usp": usp_attention,
 }
 
 
@@ -48,7 +49,7 @@ class Case:
     Explained in chapter 14, *Attention across machines*.
 
     Attributes:
-        method: ``"ring"``, ``"ulysses"`` or ``"allgather"``.
+        method: ``"ring"``, ``"ulysses"``, ``"allgather"`` or ``"usp"``.
         shape: ``(B, H, N, D)`` of the whole sequence.
         is_causal: causal attention.
         layout: ``"contiguous"`` or ``"zigzag"`` (ring only).
@@ -57,6 +58,8 @@ class Case:
         repeats: if above 0, time this many forward + backward passes.
         world_size: run on ranks ``0 .. world_size - 1`` only (a subgroup);
             ``None`` for the whole group.
+        ulysses_size: for ``"usp"``, the ranks ``U`` of a row of the grid
+            (:func:`usp_groups`); the case runs on the whole group.
     """
 
     method: str = "ring"
@@ -67,6 +70,7 @@ class Case:
     seed: int = 0
     repeats: int = 0
     world_size: int | None = None
+    ulysses_size: int = 2
 
     def inputs(self, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(q, k, v, grad_out)`` of the whole sequence, all ``(B, H, N, D)``."""
@@ -107,6 +111,7 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
     groups = {}  # every rank creates every subgroup, in the same order
     for size in sorted({case.world_size or world for case in cases}):
         groups[size] = None if size == world else dist.new_group(list(range(size)))
+    grids = {u: usp_groups(u) for u in sorted({c.ulysses_size for c in cases if c.method == "usp"})}
     results = []
     for case in cases:
         size = case.world_size or world
@@ -115,6 +120,8 @@ def run_cases(cases: Sequence[Case]) -> list[dict]:
             continue
         kwargs = {"layout": case.layout} if case.layout != "contiguous" else {}
         kwargs["group"] = groups[size]
+        if case.method == "usp":  # a grid of rows (Ulysses) and columns (rings)
+            kwargs = dict(zip(("ulysses_group", "ring_group"), grids[case.ulysses_size]))
         attention = METHODS[case.method]
         q, k, v, g = (case.split(t, size)[rank] for t in case.inputs(device))
         q, k, v = (t.clone().requires_grad_() for t in (q, k, v))

@@ -1,4 +1,5 @@
-"""DeepSpeed-Ulysses (Jacobs et al., 2023): from a sequence split to a head split and back.
+"""DeepSpeed-Ulysses (Jacobs et al., 2023): from a sequence split to a head split and back;
+and Ulysses x ring (USP, Fang and Zhao, 2024) on a grid of ranks.
 
 Explained in chapter 14, *Attention across machines*.
 """
@@ -12,7 +13,9 @@ from torch.autograd.function import once_differentiable
 
 from ..masks import Causal
 from ..tiled import tiled_core
+from ..validation import check_int
 from .comm import Comm, CommStats, all_to_all, check_shards, join_group
+from .ring import ring_attention
 
 
 class _AllToAll(torch.autograd.Function):
@@ -87,3 +90,86 @@ def ulysses_attention(
     causal = Causal(0) if is_causal else None
     out = tiled_core(q, k, v, None, causal=causal, dropout_p=0.0, scale=comm.scale)
     return _AllToAll.apply(out, 2, 1, comm)  # (B, H/P, N, D_v) -> (B, H, N/P, D_v)
+
+
+def usp_groups(ulysses_size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """Make the rows and columns of the ``U x R`` grid of the default group
+    (every rank must call it, in the same order as its other groups) and
+    return this rank's ``(ulysses_group, ring_group)``. Rank ``r`` is column
+    ``r mod U`` of row ``r // U``: a row is a Ulysses group (inside a node, on
+    the fast link), a column a ring (across nodes); with contiguous shards,
+    row ``g`` holds chunk ``g`` of the ``R`` chunks the ring passes round.
+
+    Explained in chapter 14, *Attention across machines*.
+
+    Args:
+        ulysses_size: ``U``, the ranks of a row; must divide the world size.
+
+    Raises:
+        TypeError, ValueError: if ``ulysses_size`` is not an int ``>= 1`` that
+            divides the world size.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    u = check_int("ulysses_size", ulysses_size, minimum=1, maximum=world)
+    if world % u:
+        raise ValueError(f"ulysses_size must divide the world size {world}, got {u}")
+    rows = [dist.new_group([g * u + c for c in range(u)]) for g in range(world // u)]
+    columns = [dist.new_group([g * u + c for g in range(world // u)]) for c in range(u)]
+    return rows[rank // u], columns[rank % u]
+
+
+def usp_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    ulysses_group: dist.ProcessGroup,
+    ring_group: dist.ProcessGroup,
+    is_causal: bool = False,
+    scale: float | None = None,
+    stats: CommStats | None = None,
+) -> Tensor:
+    """Exact attention over a sequence split across a ``U x R`` grid of ranks:
+    Ulysses' all-to-all in the row, :func:`ring_attention` down the column.
+
+    Call it on every rank with that rank's contiguous shard (rank ``r`` holds
+    positions ``r N/P .. (r + 1) N/P - 1``) and the groups of
+    :func:`usp_groups`. Per pass each rank sends ``(U - 1) / U`` of each of
+    its four shards (Q, K, V, output) in the rows and ``2 (R - 1)`` shards'
+    worth of K/V down the column: ``4 (U - 1) / U + 2 (R - 1)`` shards, between
+    Ulysses' ``4 (P - 1) / P`` and the ring's ``2 (P - 1)``. ``H`` must be
+    divisible by ``U``, not by ``P``. Differentiable; the backward pass is the
+    ring's backward between the all-to-alls in reverse.
+
+    Explained in chapter 14, *Attention across machines*.
+
+    Args:
+        query: this rank's ``(B, H, N/P, D)`` shard of the queries.
+        key: this rank's ``(B, H, N/P, D)`` shard of the keys.
+        value: this rank's ``(B, H, N/P, D_v)`` shard of the values.
+        ulysses_group: this rank's row (``U`` ranks holding consecutive shards).
+        ring_group: this rank's column (``R`` ranks, one per row).
+        is_causal: causal attention over the whole sequence.
+        scale: multiplier of the scores; defaults to ``1 / sqrt(D)``.
+        stats: a :class:`CommStats` counting the bytes this rank sends in both
+            groups; ``None`` counts nothing.
+
+    Returns:
+        This rank's ``(B, H, N/P, D_v)`` shard of the output.
+
+    Raises:
+        TypeError, ValueError: as :func:`~attention_lib.distributed.ulysses_attention`
+            (``H`` must be divisible by ``U``) and :func:`ring_attention`.
+
+    Shapes:
+        - query, key: ``(B, H, N/P, D)``
+        - value: ``(B, H, N/P, D_v)``
+        - output: ``(B, H, N/P, D_v)``
+    """
+    check_shards(query, key, value, is_causal, scale, stats=stats)
+    row = join_group(query, value, ulysses_group, is_causal, scale, stats, split_heads=True)
+    # the row's shards, (B, H, N/P, D) each -> the row's chunk for H/U heads, (B, H/U, N/R, D)
+    q, k, v = (_AllToAll.apply(t, 1, 2, row) for t in (query, key, value))
+    out = ring_attention(q, k, v, is_causal=is_causal, group=ring_group, scale=row.scale,
+                         stats=stats)  # fmt: skip
+    return _AllToAll.apply(out, 2, 1, row)  # (B, H/U, N/R, D_v) -> (B, H, N/P, D_v)

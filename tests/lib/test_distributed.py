@@ -57,7 +57,15 @@ REFUSED = [
     Case("ring", (1, 4, 12, 8), layout="contiguous", world_size=4),  # fine: the group goes on
 ]
 HALF = [Case(m, SHAPE, True, lay, torch.bfloat16, world_size=4) for m, lay in METHODS]
-CASES = PARITY + ALLGATHER + REFUSED + HALF
+# Ulysses x ring on a 2 x 2 grid of the 4 ranks: rows of U = 2, rings of R = 2
+USP = [
+    Case("usp", SHAPE, causal, dtype=dtype, seed=100 + i)
+    for i, (causal, dtype) in enumerate(
+        itertools.product((False, True), (torch.float64, torch.float32))
+    )
+]
+USP_REFUSED = Case("usp", (1, 3, 32, 8))  # H = 3 heads over rows of 2
+CASES = PARITY + ALLGATHER + REFUSED + HALF + USP + [USP_REFUSED]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +142,35 @@ def test_bytes_sent_per_rank(runs, case):
     for result in _ranks(runs[case]):
         assert result["forward"].bytes_sent == forward
         assert result["total"].bytes_sent - result["forward"].bytes_sent == backward
+
+
+@pytest.mark.parametrize("case", USP, ids=str)
+def test_ulysses_times_ring_on_a_2x2_grid_equals_one_process_sdpa(runs, case):
+    ranks = _ranks(runs[case])
+    assert len(ranks) == 4 and "error" not in ranks[0]
+    got, want = D.gather(case, ranks), D.reference(case)
+    for name in ("out", "dq", "dk", "dv"):
+        assert (got[name] - want[name]).abs().max() < TOL[case.dtype], name
+
+
+@pytest.mark.parametrize("case", USP, ids=str)
+def test_ulysses_times_ring_bytes_sent_per_rank(runs, case):
+    b, h, n, d = case.shape
+    u, r = 2, 2  # the grid: rows (Ulysses) of U, columns (rings) of R
+    s = b * h * (n // (u * r)) * d * torch.empty((), dtype=case.dtype).element_size()
+    forward = 4 * (u - 1) * s // u + 2 * (r - 1) * s  # row all-to-alls + the column's ring
+    backward = 4 * (u - 1) * s // u + 2 * (r - 1) * s + 2 * r * s
+    for result in _ranks(runs[case]):
+        assert result["forward"].bytes_sent == forward
+        assert result["total"].bytes_sent - result["forward"].bytes_sent == backward
+    p = u * r  # between Ulysses' and the ring's forward bytes on the same 4 ranks
+    assert 4 * (p - 1) * s // p < forward < 2 * (p - 1) * s
+
+
+def test_ulysses_times_ring_refuses_heads_not_divisible_by_the_row_on_every_rank(runs):
+    errors = [r["error"] for r in runs[USP_REFUSED]]
+    assert len(errors) == 4 and len(set(errors)) == 1
+    assert "H must be divisible by P = 2, got H = 3" in errors[0]
 
 
 def test_ulysses_sends_less_than_the_ring_and_falls_with_p(runs):
