@@ -50,7 +50,7 @@ SUBMODULE_ONLY = {
     "attention_lib.sdpa.attend",
     "attention_lib.tiled.tiled_core",
     "attention_lib.tiled.DEFAULT_BLOCK_SIZE",
-    # chapter 12's launcher and its worker, for notebooks, tests and torchrun
+    # chapter 14's launcher and its worker, for notebooks, tests and torchrun
     "attention_lib.distributed.launch",
     "attention_lib.distributed.run_cases",
     "attention_lib.distributed.Case",
@@ -69,7 +69,7 @@ SUBMODULE_ONLY = {
         for name in "causal sliding_window chunked padding document prefix_lm tree "
         "from_keep softcap alibi".split()
     ),
-    # chapter 14's table of layer types (a new type is one more entry)
+    # chapter 16's table of layer types (a new type is one more entry)
     "attention_lib.layer_types.LayerType",
     "attention_lib.layer_types.register_layer_type",
     "attention_lib.layer_types.LAYER_TYPES",
@@ -79,6 +79,18 @@ SUBMODULE_ONLY = {
     "attention_lib.protocols.TokenMixer",
     "attention_lib.protocols.LayerCache",
     "attention_lib.protocols.Step",
+    # chapter 12's engine, piece by piece: its scheduler, block manager and the
+    # serving cache's layer groups (documented in their modules)
+    "attention_lib.scheduler.Scheduler",
+    "attention_lib.block_manager.BlockManager",
+    *(
+        f"attention_lib.serving_cache.{name}"
+        for name in "ServingCache ServingStep PagedLatentCache PagedLatentLayer "
+        "StateSlots SlotState PAGED_GROUPS".split()
+    ),
+    # chapter 18's base of the fixed-state mixers, and DeepSeek-V4's compressor cache
+    "attention_lib.gated_deltanet.RecurrentMixer",
+    "attention_lib.compressed.CompressorCache",
     # the display kit's result tables, for chapter owners to adopt (issue 44, item 5)
     "attention_lib.show.table.table",
     "attention_lib.show.table.Table",
