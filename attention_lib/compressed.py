@@ -316,8 +316,8 @@ def compressed_attention(
     query heads), the entries too: ``softmax(q [K; E]^T * scale) [K; E]``,
     with ``keep`` the recent keys' mask (a sliding window) and
     ``entry_keep`` the entries' (closed ones, and for CSA the chosen ones).
-
-    Explained in chapter 18, *Attention without softmax*.
+    Chapter 18 builds the entries it reads; tests/lib/test_compressed.py
+    checks it against a loop over the queries.
 
     Args:
         query: ``(B, H, L, d)``.

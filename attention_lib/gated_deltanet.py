@@ -108,7 +108,7 @@ class RecurrentMixer(nn.Module):
     ``check_cache``, and the causal short convolution are written once here;
     a subclass computes ``_mix(x, cache, keep)``.
 
-    Explained in chapter 18, *Attention without softmax*.
+    The base of chapter 18's fixed-state mixers.
     """
 
     def forward(
@@ -181,7 +181,7 @@ class RecurrentMixer(nn.Module):
         writes nothing into a zero state, so a left-padded sequence computes
         what it computes alone (chapter 21).
 
-        Explained in chapter 18, *Attention without softmax*.
+        Chapter 18's fixed-state mixers inherit it.
         """
         if need_weights or not step.causal:
             raise ValueError(f"{type(self).__name__} mixes x causally with itself: no weights")
@@ -212,7 +212,7 @@ class RecurrentMixer(nn.Module):
     def make_cache(self) -> LayerStateCache:
         """An empty :class:`LayerStateCache`.
 
-        Explained in chapter 18, *Attention without softmax*.
+        Chapter 18's fixed-state mixers inherit it.
         """
         return LayerStateCache()
 

@@ -31,8 +31,8 @@ from attention_lib.show.style import (  # noqa: E402
     smallest_font_pt,
     smallest_text_px,
     text_css_px,
-    use_book_style,
 )
+from attention_lib.show.phone import use_book_style  # noqa: E402
 from attention_lib.show.viz import _luminance  # noqa: E402
 
 
