@@ -225,7 +225,7 @@ def top_k_recall(scores: Tensor, target: Tensor, k: int) -> float:
     """The share of the target's ``k`` heaviest keys that the indexer's top
     ``k`` also holds, over the query rows with more than ``k`` keys to choose
     from (the others keep every key). Ties go to the earlier key, on both
-    sides (:func:`top_k_keys`).
+    sides (:func:`~attention_lib.top_k_keys`).
 
     Explained in chapter 17, *Latent and sparse attention*.
 

@@ -264,9 +264,9 @@ def _first_key(mixer: nn.Module) -> Callable[[int], int]:
     return lambda p: 0
 
 
-#: How each kind of token mixer is served: ``mixer type -> (key, make)``;
-#: layers of equal ``key(mixer)`` share a group, ``make(mixers, num_blocks,
-#: block_size, max_seqs, weight)`` makes it.
+#: How each kind of token mixer is served, as ``mixer type -> (key, make)``.
+#: Layers of equal ``key(mixer)`` share a group, and ``make(mixers,
+#: num_blocks, block_size, max_seqs, weight)`` makes it.
 PAGED_GROUPS: dict[type, tuple[Callable, Callable]] = {
     MultiHeadAttention: (
         lambda m: ("attention", m.num_kv_heads, m.d_k, m.window, m.chunk_size),

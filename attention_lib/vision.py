@@ -307,7 +307,7 @@ def mrope_positions(token_types: Tensor, grids: Tensor, *, merge: int = 1) -> Te
     Explained in chapter 19, *Attention beyond text*.
 
     Args:
-        token_types: integer ``(B, L)``: :data:`TEXT` (0) or :data:`IMAGE` (1);
+        token_types: integer ``(B, L)``: ``TEXT`` (0) or ``IMAGE`` (1);
             each run of image tokens is one image.
         grids: integer ``(num_images, 3)``: each image's ``(t, h, w)`` in
             patches, in order over the batch.
@@ -354,13 +354,13 @@ def vision_mask(token_types: Tensor) -> Tensor:
     except that the tokens of one image see each other both ways.
 
     Query ``i`` may attend to key ``j`` when ``j <= i``, or when ``i`` and
-    ``j`` belong to the same image (one run of :data:`IMAGE` tokens). Text
+    ``j`` belong to the same image (one run of ``IMAGE`` tokens). Text
     after an image sees all of it; text before it sees none of it.
 
     Explained in chapter 19, *Attention beyond text*.
 
     Args:
-        token_types: integer ``(B, L)``: :data:`TEXT` (0) or :data:`IMAGE` (1).
+        token_types: integer ``(B, L)``: ``TEXT`` (0) or ``IMAGE`` (1).
 
     Returns:
         bool keep-mask ``(B, 1, L, L)`` (``True`` = may attend).
