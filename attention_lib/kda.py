@@ -103,9 +103,10 @@ class KimiDeltaAttention(GatedDeltaNet):
 
     .. code-block:: text
 
-        g   = -exp(A_log[h]) * softplus(W_a2 W_a1 x + dt_bias)   (B, H, L, d_k): per channel
+        g   = -exp(A_log[h]) * softplus(W_a2 W_a1 x + dt_bias)
+                                          # (B, H, L, d_k): per channel
         o   = kimi_delta_attention(q, k, v, g, beta)
-        out = W_o( RMSNorm(o) * sigmoid(W_z2 W_z1 x) )           (a low-rank gate)
+        out = W_o( RMSNorm(o) * sigmoid(W_z2 W_z1 x) )  # a low-rank gate
 
     The decay's and the output gate's projections are low rank (through one
     head's width), as in 🤗 transformers' ``KimiLinearDeltaAttention``, which

@@ -201,10 +201,11 @@ class Mamba2(RecurrentMixer):
 
     .. code-block:: text
 
-        z, xBC, dt = W_in x                                 (gate, conv input, steps)
-        x, B, C    = SiLU(causal depthwise conv(xBC))       (a short conv, 4 taps)
+        z, xBC, dt = W_in x                      # gate, conv input, steps
+        x, B, C    = SiLU(causal depthwise conv(xBC))  # a short conv, 4 taps
         dt         = clamp(softplus(dt + dt_bias), time_step_limit)
-        y          = mamba2_scan(x, dt, -exp(A_log), B, C, D)   (B, C shared by a group)
+        y          = mamba2_scan(x, dt, -exp(A_log), B, C, D)
+                                         # B, C shared by a group of heads
         out        = W_out( GroupRMSNorm(y * SiLU(z)) )
 
     Its :class:`~attention_lib.gated_deltanet.LayerStateCache` keeps the

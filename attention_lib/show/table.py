@@ -39,6 +39,16 @@ def _cell(value: Any, digits: int | None, spec: str | None = None) -> str:
 _NUMBER_TEXT = re.compile(r"[-+]?\d[\d.,/]*(?:e[-+]?\d+)?[x%]?|-")
 
 
+# A number and its unit stay on one line in a cell ("100 tokens", "4 KiB").
+_NUMBER_UNIT = re.compile(
+    r"(\d) (s|ms|µs|ns|min|h|B|kB|KiB|MB|MiB|GB|GiB|%|x|×|tokens?|FLOPs?)(?!\w)"
+)
+
+
+def _unbroken(text: str) -> str:
+    return _NUMBER_UNIT.sub("\\1\u00a0\\2", text)
+
+
 def _numeric(value: Any) -> bool:
     if isinstance(value, str):
         return _NUMBER_TEXT.fullmatch(value.strip()) is not None
@@ -93,7 +103,7 @@ class Table:
     def _repr_html_(self) -> str:
         def cell(tag: str, text: str, j: int) -> str:
             align = ' style="text-align:right"' if self.numeric[j] else ""
-            return f"<{tag}{align}>{html.escape(text)}</{tag}>"
+            return f"<{tag}{align}>{_unbroken(html.escape(text))}</{tag}>"
 
         head = "".join(cell("th", h, j) for j, h in enumerate(self.header))
         body = "".join(
